@@ -1,0 +1,1 @@
+"""Benchmarks behind `rljax bench` (see rljax/commands/bench.py)."""

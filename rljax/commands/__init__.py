@@ -1,0 +1,1 @@
+"""Subcommands of the `rljax` CLI (see rljax/cli.py)."""

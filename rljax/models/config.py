@@ -1,0 +1,272 @@
+"""Model configuration: one dataclass for the Llama / Qwen2 / Qwen3 decoder family.
+
+`ModelConfig.from_hf_dict` reads a Hugging Face `config.json` (both the transformers 4
+form, `rope_theta` + `rope_scaling`, and the transformers 5 form, `rope_parameters`);
+`to_hf_dict` writes it back in the form the installed transformers reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax.numpy as jnp
+
+
+class UnsupportedModelError(ValueError):
+    """A checkpoint whose architecture or options rljax does not implement."""
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding parameters (HF `rope_parameters` / `rope_scaling`)."""
+
+    rope_type: str = "default"  # default | linear | llama3
+    theta: float = 10000.0
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int | None = None
+
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class Family:
+    """What distinguishes one HF model family from another in this decoder."""
+
+    model_type: str
+    architecture: str
+    # Which HF config keys decide the optional pieces, and their defaults.
+    qkv_bias_key: str | None  # None: fixed value below
+    qkv_bias_default: bool
+    out_bias_follows_qkv: bool  # Llama/Qwen3: o_proj bias = attention_bias; Qwen2: never
+    has_mlp_bias_key: bool
+    qk_norm: bool
+    sliding_window_keys: bool  # Qwen configs carry use_sliding_window
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family("llama", "LlamaForCausalLM", "attention_bias", False, True, True, False, False),
+    "qwen2": Family("qwen2", "Qwen2ForCausalLM", None, True, False, False, False, True),
+    "qwen3": Family("qwen3", "Qwen3ForCausalLM", "attention_bias", False, True, False, True, True),
+}
+
+
+def family(model_type: str) -> Family:
+    if model_type not in FAMILIES:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} is not supported; rljax implements {sorted(FAMILIES)}"
+        )
+    return FAMILIES[model_type]
+
+
+@dataclass(frozen=True)
+class DTypePolicy:
+    """The one place dtypes are decided: parameters are stored in `param_dtype`,
+    matmuls run in `compute_dtype`; norms, softmax and logits are always float32."""
+
+    param_dtype: str = "float32"
+    compute_dtype: str = "float32"
+
+    @property
+    def param(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    @property
+    def compute(self) -> jnp.dtype:
+        return jnp.dtype(self.compute_dtype)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    initializer_range: float = 0.02
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+
+    def __post_init__(self):
+        family(self.model_type)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.rope.rope_type not in SUPPORTED_ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"rope type {self.rope.rope_type!r} is not supported; rljax implements "
+                f"{list(SUPPORTED_ROPE_TYPES)}"
+            )
+
+    @property
+    def family(self) -> Family:
+        return family(self.model_type)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        if self.eos_token_id is None:
+            return ()
+        if isinstance(self.eos_token_id, int):
+            return (self.eos_token_id,)
+        return tuple(self.eos_token_id)
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    # ---- sizes -------------------------------------------------------------------------
+
+    def num_params(self, include_embedding: bool = True) -> int:
+        e, h, kv, d, m = (
+            self.hidden_size,
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.head_dim,
+            self.intermediate_size,
+        )
+        attn = e * h * d + 2 * e * kv * d + h * d * e
+        if self.qkv_bias:
+            attn += h * d + 2 * kv * d
+        if self.out_bias:
+            attn += e
+        mlp = 3 * e * m + (2 * m + e if self.mlp_bias else 0)
+        norms = 2 * e + (2 * d if self.qk_norm else 0)
+        layers = self.num_hidden_layers * (attn + mlp + norms)
+        embed = self.vocab_size * e * (1 if self.tie_word_embeddings else 2)
+        return layers + e + (embed if include_embedding else 0)
+
+    def flops_per_token(self, seq_len: int, training: bool = True) -> float:
+        """Matmul FLOPs per token: 2N (forward) for the non-embedding weights plus the
+        unembedding, plus attention scores and values 2 * 2 * T * h * d per layer
+        (causal: half of that). Training counts forward + backward = 3x forward
+        (the PaLM / Chinchilla "6N" convention with attention added)."""
+        n_matmul = self.num_params(include_embedding=False) + self.vocab_size * self.hidden_size
+        attn = self.num_hidden_layers * 2 * 2 * seq_len * self.num_attention_heads * self.head_dim / 2
+        forward = 2 * n_matmul + attn
+        return 3 * forward if training else forward
+
+    # ---- Hugging Face config.json ------------------------------------------------------
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        model_type = d.get("model_type")
+        fam = family(model_type)
+        act = d.get("hidden_act", "silu")
+        if act != "silu":
+            raise UnsupportedModelError(f"hidden_act {act!r} is not supported (only 'silu')")
+        if fam.sliding_window_keys and d.get("use_sliding_window", False):
+            raise UnsupportedModelError(
+                f"{model_type}: use_sliding_window=true is not supported; rljax implements full attention"
+            )
+        heads = d["num_attention_heads"]
+        qkv_bias = d.get(fam.qkv_bias_key, fam.qkv_bias_default) if fam.qkv_bias_key else fam.qkv_bias_default
+        return cls(
+            model_type=model_type,
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope=_rope_from_hf(d),
+            max_position_embeddings=d.get("max_position_embeddings", 4096),
+            tie_word_embeddings=d.get("tie_word_embeddings", False),
+            qkv_bias=bool(qkv_bias),
+            out_bias=bool(qkv_bias) if fam.out_bias_follows_qkv else False,
+            mlp_bias=bool(d.get("mlp_bias", False)) if fam.has_mlp_bias_key else False,
+            qk_norm=fam.qk_norm,
+            initializer_range=d.get("initializer_range", 0.02),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=tuple(d["eos_token_id"]) if isinstance(d.get("eos_token_id"), list) else d.get("eos_token_id"),
+            pad_token_id=d.get("pad_token_id"),
+        )
+
+    def to_hf_dict(self, dtype: str | None = None) -> dict[str, Any]:
+        fam = self.family
+        d: dict[str, Any] = {
+            "architectures": [fam.architecture],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "initializer_range": self.initializer_range,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
+            "pad_token_id": self.pad_token_id,
+            "rope_parameters": _rope_to_hf(self.rope),
+            "attention_dropout": 0.0,
+            "use_cache": True,
+        }
+        if fam.qkv_bias_key:
+            d[fam.qkv_bias_key] = self.qkv_bias
+        if fam.has_mlp_bias_key:
+            d["mlp_bias"] = self.mlp_bias
+        if fam.sliding_window_keys:
+            d["use_sliding_window"] = False
+            d["sliding_window"] = None
+        if dtype is not None:
+            d["dtype"] = dtype
+        return d
+
+
+def _rope_from_hf(d: dict[str, Any]) -> RopeConfig:
+    # transformers 5: everything in `rope_parameters`; transformers 4: `rope_theta` at the
+    # top level and an optional `rope_scaling` dict (with `type` or `rope_type`).
+    params = dict(d.get("rope_parameters") or {})
+    scaling = d.get("rope_scaling") or {}
+    merged = {**scaling, **params}
+    theta = merged.get("rope_theta", d.get("rope_theta", 10000.0))
+    rope_type = merged.get("rope_type", merged.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"rope type {rope_type!r} is not supported; rljax implements {list(SUPPORTED_ROPE_TYPES)}"
+        )
+    return RopeConfig(
+        rope_type=rope_type,
+        theta=float(theta),
+        factor=float(merged.get("factor", 1.0)),
+        low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=merged.get("original_max_position_embeddings"),
+    )
+
+
+def _rope_to_hf(rope: RopeConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {"rope_type": rope.rope_type, "rope_theta": rope.theta}
+    if rope.rope_type == "linear":
+        out["factor"] = rope.factor
+    elif rope.rope_type == "llama3":
+        out.update(
+            factor=rope.factor,
+            low_freq_factor=rope.low_freq_factor,
+            high_freq_factor=rope.high_freq_factor,
+            original_max_position_embeddings=rope.original_max_position_embeddings,
+        )
+    return out

@@ -1,0 +1,333 @@
+"""Hugging Face checkpoints in and out.
+
+`load_hf(path)` reads a local folder (`config.json` plus `model.safetensors` or a sharded
+set with `model.safetensors.index.json`; fp32, bf16 or fp16 weights) into a `Decoder`.
+`save_hf(model, path)` writes a folder that `transformers.AutoModelForCausalLM.
+from_pretrained(path)` loads offline with no missing or unexpected keys.
+
+One table, `weight_map(config)`, names every tensor in both worlds and says how to turn
+one layout into the other; load, export and weight sync all read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rljax.models.config import DTypePolicy, ModelConfig, UnsupportedModelError
+from rljax.models.transformer import LAYER_PARAMS, Decoder, abstract_model
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint's tensors do not match its config (missing, unexpected or misshapen)."""
+
+
+# ---- the name-mapping table ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """One rljax parameter <-> one HF tensor name (per layer when `per_layer`).
+
+    `to_hf` maps an rljax array (one layer's slice for per-layer params) to the HF layout;
+    `from_hf` is its inverse."""
+
+    rljax: tuple[str, ...]  # attribute path on the Decoder
+    hf: str  # HF name; "{i}" is the layer index
+    to_hf: Callable[[np.ndarray], np.ndarray]
+    from_hf: Callable[[np.ndarray], np.ndarray]
+    per_layer: bool
+
+
+def _identity(a):
+    return a
+
+
+def _transpose(a):
+    return a.T
+
+
+def _in_proj(heads: int, head_dim: int):
+    """HF Linear weight [heads*head_dim, hidden] <-> rljax [hidden, heads, head_dim]."""
+    return (
+        lambda a: a.reshape(a.shape[0], heads * head_dim).T,
+        lambda a: a.T.reshape(-1, heads, head_dim),
+    )
+
+
+def _out_proj(heads: int, head_dim: int):
+    """HF o_proj weight [hidden, heads*head_dim] <-> rljax [heads, head_dim, hidden]."""
+    return (
+        lambda a: a.reshape(heads * head_dim, -1).T,
+        lambda a: a.T.reshape(heads, head_dim, -1),
+    )
+
+
+def _head_bias(heads: int, head_dim: int):
+    return (lambda a: a.reshape(heads * head_dim), lambda a: a.reshape(heads, head_dim))
+
+
+_HF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm.weight",
+    "q_proj": "self_attn.q_proj.weight",
+    "k_proj": "self_attn.k_proj.weight",
+    "v_proj": "self_attn.v_proj.weight",
+    "o_proj": "self_attn.o_proj.weight",
+    "q_bias": "self_attn.q_proj.bias",
+    "k_bias": "self_attn.k_proj.bias",
+    "v_bias": "self_attn.v_proj.bias",
+    "o_bias": "self_attn.o_proj.bias",
+    "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight",
+    "mlp_norm": "post_attention_layernorm.weight",
+    "gate_proj": "mlp.gate_proj.weight",
+    "up_proj": "mlp.up_proj.weight",
+    "down_proj": "mlp.down_proj.weight",
+    "gate_bias": "mlp.gate_proj.bias",
+    "up_bias": "mlp.up_proj.bias",
+    "down_bias": "mlp.down_proj.bias",
+}
+
+# Tensors some checkpoints carry that hold no parameters (buffers saved by old code).
+_IGNORED_HF = re.compile(r".*rotary_emb\.inv_freq$")
+
+
+def weight_map(config: ModelConfig) -> list[Mapping]:
+    """Every parameter of a `Decoder` for `config`, with its HF name and layout change.
+    The three families share one decoder and so one table; the config decides which
+    optional entries (biases, q/k norms, untied head) exist."""
+    h, kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    layout: dict[str, tuple[Callable, Callable]] = {
+        "q_proj": _in_proj(h, d),
+        "k_proj": _in_proj(kv, d),
+        "v_proj": _in_proj(kv, d),
+        "o_proj": _out_proj(h, d),
+        "q_bias": _head_bias(h, d),
+        "k_bias": _head_bias(kv, d),
+        "v_bias": _head_bias(kv, d),
+        "gate_proj": (_transpose, _transpose),
+        "up_proj": (_transpose, _transpose),
+        "down_proj": (_transpose, _transpose),
+    }
+    table = [Mapping(("embed",), "model.embed_tokens.weight", _identity, _identity, False)]
+    for name, spec in LAYER_PARAMS.items():
+        if spec.present(config):
+            to_hf, from_hf = layout.get(name, (_identity, _identity))
+            table.append(Mapping(("layers", name), f"model.layers.{{i}}.{_HF_LAYER_NAMES[name]}", to_hf, from_hf, True))
+    table.append(Mapping(("final_norm",), "model.norm.weight", _identity, _identity, False))
+    if not config.tie_word_embeddings:
+        table.append(Mapping(("lm_head",), "lm_head.weight", _transpose, _transpose, False))
+    return table
+
+
+def _variable(model: Decoder, path: tuple[str, ...]) -> nnx.Variable:
+    obj = model
+    for name in path:
+        obj = getattr(obj, name)
+    return obj
+
+
+# ---- reading ---------------------------------------------------------------------------
+
+
+class SafetensorsReader:
+    """Tensors of a local HF folder by name, across one file or a sharded set."""
+
+    def __init__(self, path: str):
+        from safetensors import safe_open
+
+        index = os.path.join(path, "model.safetensors.index.json")
+        single = os.path.join(path, "model.safetensors")
+        if os.path.exists(index):
+            with open(index) as f:
+                files = json.load(f)["weight_map"]
+        elif os.path.exists(single):
+            files = None
+        else:
+            raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json")
+        self._handles = {}
+        self.file_of: dict[str, str] = {}
+        for fname in sorted(set(files.values())) if files else ["model.safetensors"]:
+            handle = safe_open(os.path.join(path, fname), framework="numpy")
+            self._handles[fname] = handle
+            for key in handle.keys():
+                self.file_of[key] = fname
+
+    def names(self) -> set[str]:
+        return set(self.file_of)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handles[self.file_of[name]].get_slice(name).get_shape())
+
+    def get(self, name: str) -> np.ndarray:
+        return self._handles[self.file_of[name]].get_tensor(name)
+
+
+def read_config(path: str) -> ModelConfig:
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.exists(cfg_path):
+        raise FileNotFoundError(f"{path}: no config.json")
+    with open(cfg_path) as f:
+        raw = json.load(f)
+    if raw.get("model_type") is None:
+        raise UnsupportedModelError(f"{cfg_path}: no model_type")
+    return ModelConfig.from_hf_dict(raw)
+
+
+def _expected_hf_shapes(config: ModelConfig, model: Decoder) -> dict[str, tuple[Mapping, int | None, tuple]]:
+    out = {}
+    for m in weight_map(config):
+        abstract = _variable(model, m.rljax).get_value()
+        if m.per_layer:
+            one = np.empty(abstract.shape[1:], dtype=np.float32)
+            shape = m.to_hf(one).shape
+            for i in range(config.num_hidden_layers):
+                out[m.hf.format(i=i)] = (m, i, shape)
+        else:
+            out[m.hf] = (m, None, m.to_hf(np.empty(abstract.shape, dtype=np.float32)).shape)
+    return out
+
+
+def load_hf(
+    path: str,
+    dtype: str = "float32",
+    *,
+    compute_dtype: str | None = None,
+    remat: str = "none",
+    attention: str = "xla",
+) -> Decoder:
+    """Load a local HF checkpoint folder into a `Decoder` with parameters in `dtype`.
+
+    Every tensor is checked against the config before anything is loaded: a missing,
+    unexpected or misshapen tensor raises `CheckpointMismatchError` naming it.
+    """
+    config = read_config(path)
+    policy = DTypePolicy(param_dtype=dtype, compute_dtype=compute_dtype or dtype)
+    model = abstract_model(config, policy=policy, remat=remat, attention=attention)
+    reader = SafetensorsReader(path)
+    expected = _expected_hf_shapes(config, model)
+    present = {n for n in reader.names() if not _IGNORED_HF.match(n)}
+    if config.tie_word_embeddings:
+        present.discard("lm_head.weight")  # some tied checkpoints also store the head
+    missing = sorted(set(expected) - present)
+    unexpected = sorted(present - set(expected))
+    if missing or unexpected:
+        raise CheckpointMismatchError(
+            f"{path}: checkpoint does not match its config ({config.model_type}): "
+            f"missing tensors {missing[:8]}{' ...' if len(missing) > 8 else ''}, "
+            f"unexpected tensors {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+        )
+    for name, (_, _, shape) in expected.items():
+        if reader.shape(name) != shape:
+            raise CheckpointMismatchError(
+                f"{path}: tensor {name} has shape {reader.shape(name)}, the config implies {shape}"
+            )
+    np_dtype = jnp.dtype(dtype)
+    for m in weight_map(config):
+        var = _variable(model, m.rljax)
+        if m.per_layer:
+            stacked = np.empty(var.get_value().shape, dtype=np_dtype)
+            for i in range(config.num_hidden_layers):
+                stacked[i] = m.from_hf(reader.get(m.hf.format(i=i))).astype(np_dtype)
+        else:
+            stacked = m.from_hf(reader.get(m.hf)).astype(np_dtype)
+        var.set_value(jnp.asarray(stacked))
+    return model
+
+
+# ---- writing ---------------------------------------------------------------------------
+
+
+def _parse_size(size: int | str) -> int:
+    if isinstance(size, int):
+        return size
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)\s*", size, flags=re.IGNORECASE)
+    if not match:
+        raise ValueError(f"max_shard_size {size!r}: expected bytes or e.g. '5GB', '500MB'")
+    units = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    return int(float(match.group(1)) * units[match.group(2).upper()])
+
+
+def hf_tensors(model: Decoder, dtype: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, host array) for every parameter, one tensor at a time: a per-layer
+    parameter is sliced on device and only that slice comes to the host."""
+    config = model.config
+    np_dtype = jnp.dtype(dtype) if dtype else None
+    for m in weight_map(config):
+        value = _variable(model, m.rljax)[...]
+        slices = [(m.hf.format(i=i), value[i]) for i in range(config.num_hidden_layers)] if m.per_layer else [(m.hf, value)]
+        for name, arr in slices:
+            host = np.asarray(jax.device_get(arr))
+            host = m.to_hf(host)
+            yield name, np.ascontiguousarray(host.astype(np_dtype) if np_dtype else host)
+
+
+def save_hf(
+    model: Decoder,
+    path: str,
+    tokenizer=None,
+    dtype: str | None = None,
+    max_shard_size: int | str = "5GB",
+) -> None:
+    """Write `model` as a Hugging Face folder: config.json, generation_config.json,
+    safetensors (sharded with an index above `max_shard_size`) and the tokenizer."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(path, exist_ok=True)
+    config = model.config
+    dtype = dtype or model.policy.param_dtype
+    limit = _parse_size(max_shard_size)
+    # Shards are written as they fill, so host memory stays near one shard.
+    written: list[tuple[str, list[str]]] = []  # (temporary file, tensor names)
+    current: dict[str, np.ndarray] = {}
+    current_bytes = total = 0
+
+    def flush():
+        tmp_name = f"shard-{len(written):05d}.tmp.safetensors"
+        save_file(current, os.path.join(path, tmp_name), metadata={"format": "pt"})
+        written.append((tmp_name, list(current)))
+        current.clear()
+
+    for name, arr in hf_tensors(model, dtype):
+        if current and current_bytes + arr.nbytes > limit:
+            flush()
+            current_bytes = 0
+        current[name] = arr
+        current_bytes += arr.nbytes
+        total += arr.nbytes
+    flush()
+
+    for stale in os.listdir(path):
+        if re.fullmatch(r"model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?", stale):
+            os.remove(os.path.join(path, stale))
+    if len(written) == 1:
+        os.replace(os.path.join(path, written[0][0]), os.path.join(path, "model.safetensors"))
+    else:
+        weight_map_json = {}
+        for k, (tmp_name, names) in enumerate(written):
+            final = f"model-{k + 1:05d}-of-{len(written):05d}.safetensors"
+            os.replace(os.path.join(path, tmp_name), os.path.join(path, final))
+            weight_map_json.update({n: final for n in names})
+        with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map_json}, f, indent=2)
+
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config.to_hf_dict(dtype=dtype), f, indent=2)
+    generation = {k: v for k, v in {
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": list(config.eos_token_id) if isinstance(config.eos_token_id, tuple) else config.eos_token_id,
+        "pad_token_id": config.pad_token_id,
+    }.items() if v is not None}
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+        json.dump(generation, f, indent=2)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)

@@ -1,0 +1,322 @@
+"""One NNX decoder for the Llama, Qwen2 and Qwen3 families.
+
+Layout: token embedding -> `num_hidden_layers` pre-norm blocks (RMSNorm, grouped-query
+attention with RoPE, RMSNorm, SwiGLU MLP) -> final RMSNorm -> unembedding (tied to the
+embedding for Qwen2-style checkpoints). Per-layer parameters are stacked on a leading
+`layers` axis and the blocks run under one `lax.scan`, so compile time does not grow
+with depth.
+
+The block is written as two pure functions of a dict of one layer's arrays
+(`attention_inputs`, `attention_output_and_mlp`) so that the sampler can run the very
+same math with a paged KV cache in place of full attention.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rljax.models.attention import get_attention, segment_mask, segment_positions
+from rljax.models.config import DTypePolicy, ModelConfig, RopeConfig
+
+# ---- parameter specs ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One stacked per-layer parameter: its shape (without the layers axis), the logical
+    axis names (with it), how it is initialised, and whether the config has it."""
+
+    shape: Callable[[ModelConfig], tuple[int, ...]]
+    axes: tuple[str, ...]
+    init: str  # normal | zeros | ones
+    present: Callable[[ModelConfig], bool] = lambda c: True
+
+
+LAYER_PARAMS: dict[str, ParamSpec] = {
+    "attn_norm": ParamSpec(lambda c: (c.hidden_size,), ("layers", "embed"), "ones"),
+    "q_proj": ParamSpec(
+        lambda c: (c.hidden_size, c.num_attention_heads, c.head_dim), ("layers", "embed", "heads", "head_dim"), "normal"
+    ),
+    "k_proj": ParamSpec(
+        lambda c: (c.hidden_size, c.num_key_value_heads, c.head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal"
+    ),
+    "v_proj": ParamSpec(
+        lambda c: (c.hidden_size, c.num_key_value_heads, c.head_dim), ("layers", "embed", "kv_heads", "head_dim"), "normal"
+    ),
+    "o_proj": ParamSpec(
+        lambda c: (c.num_attention_heads, c.head_dim, c.hidden_size), ("layers", "heads", "head_dim", "embed"), "normal"
+    ),
+    "q_bias": ParamSpec(
+        lambda c: (c.num_attention_heads, c.head_dim), ("layers", "heads", "head_dim"), "zeros", lambda c: c.qkv_bias
+    ),
+    "k_bias": ParamSpec(
+        lambda c: (c.num_key_value_heads, c.head_dim), ("layers", "kv_heads", "head_dim"), "zeros", lambda c: c.qkv_bias
+    ),
+    "v_bias": ParamSpec(
+        lambda c: (c.num_key_value_heads, c.head_dim), ("layers", "kv_heads", "head_dim"), "zeros", lambda c: c.qkv_bias
+    ),
+    "o_bias": ParamSpec(lambda c: (c.hidden_size,), ("layers", "embed"), "zeros", lambda c: c.out_bias),
+    "q_norm": ParamSpec(lambda c: (c.head_dim,), ("layers", "head_dim"), "ones", lambda c: c.qk_norm),
+    "k_norm": ParamSpec(lambda c: (c.head_dim,), ("layers", "head_dim"), "ones", lambda c: c.qk_norm),
+    "mlp_norm": ParamSpec(lambda c: (c.hidden_size,), ("layers", "embed"), "ones"),
+    "gate_proj": ParamSpec(lambda c: (c.hidden_size, c.intermediate_size), ("layers", "embed", "mlp"), "normal"),
+    "up_proj": ParamSpec(lambda c: (c.hidden_size, c.intermediate_size), ("layers", "embed", "mlp"), "normal"),
+    "down_proj": ParamSpec(lambda c: (c.intermediate_size, c.hidden_size), ("layers", "mlp", "embed"), "normal"),
+    "gate_bias": ParamSpec(lambda c: (c.intermediate_size,), ("layers", "mlp"), "zeros", lambda c: c.mlp_bias),
+    "up_bias": ParamSpec(lambda c: (c.intermediate_size,), ("layers", "mlp"), "zeros", lambda c: c.mlp_bias),
+    "down_bias": ParamSpec(lambda c: (c.hidden_size,), ("layers", "embed"), "zeros", lambda c: c.mlp_bias),
+}
+
+
+def _init(kind: str, key, shape, dtype, std: float) -> jax.Array:
+    if kind == "normal":
+        return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+    if kind == "ones":
+        return jnp.ones(shape, dtype)
+    return jnp.zeros(shape, dtype)
+
+
+# ---- rotary embeddings ----------------------------------------------------------------
+
+
+def _default_inv_freq(rope: RopeConfig, head_dim: int) -> np.ndarray:
+    exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    return (1.0 / (np.float32(rope.theta) ** exponents)).astype(np.float32)
+
+
+def _linear_inv_freq(rope: RopeConfig, head_dim: int) -> np.ndarray:
+    return _default_inv_freq(rope, head_dim) / np.float32(rope.factor)
+
+
+def _llama3_inv_freq(rope: RopeConfig, head_dim: int) -> np.ndarray:
+    """Llama 3.1 frequency scaling: wavelengths longer than original_context/low_freq_factor
+    are divided by `factor`, shorter than original_context/high_freq_factor kept, and the
+    band in between interpolated smoothly (Meta's Llama 3.1 reference code)."""
+    inv_freq = _default_inv_freq(rope, head_dim)
+    old_ctx = np.float32(rope.original_max_position_embeddings)
+    low_wavelen = old_ctx / np.float32(rope.low_freq_factor)
+    high_wavelen = old_ctx / np.float32(rope.high_freq_factor)
+    wavelen = np.float32(2 * math.pi) / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / np.float32(rope.factor), inv_freq)
+    smooth = (old_ctx / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / np.float32(rope.factor) + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+ROPE_INV_FREQ: dict[str, Callable[[RopeConfig, int], np.ndarray]] = {
+    "default": _default_inv_freq,
+    "linear": _linear_inv_freq,
+    "llama3": _llama3_inv_freq,
+}
+
+
+def rope_cos_sin(positions: jax.Array, config: ModelConfig) -> tuple[jax.Array, jax.Array]:
+    """cos and sin tables `[..., head_dim]` (float32) for integer `positions` `[...]`."""
+    inv_freq = jnp.asarray(ROPE_INV_FREQ[config.rope.rope_type](config.rope, config.head_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x * cos + rotate_half(x) * sin on `[B, T, heads, D]` with tables `[B, T, D]`."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    cos = cos[:, :, None, :].astype(x.dtype)
+    sin = sin[:, :, None, :].astype(x.dtype)
+    return x * cos + rotated * sin
+
+
+# ---- the block, as pure functions ------------------------------------------------------
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """weight * x / sqrt(mean(x^2) + eps), the statistics in float32 (as HF)."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight * normed.astype(x.dtype)
+
+
+def attention_inputs(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, config: ModelConfig):
+    """Pre-norm, q/k/v projections (+bias), Qwen3 q/k norm, RoPE. Returns q `[B,T,N,D]`,
+    k and v `[B,T,K,D]`."""
+    h = rms_norm(x, p["attn_norm"], config.rms_norm_eps)
+    q = jnp.einsum("bte,ehd->bthd", h, p["q_proj"])
+    k = jnp.einsum("bte,ehd->bthd", h, p["k_proj"])
+    v = jnp.einsum("bte,ehd->bthd", h, p["v_proj"])
+    if config.qkv_bias:
+        q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
+    if config.qk_norm:
+        q = rms_norm(q, p["q_norm"], config.rms_norm_eps)
+        k = rms_norm(k, p["k_norm"], config.rms_norm_eps)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def attention_output_and_mlp(p: dict, x: jax.Array, attn: jax.Array, config: ModelConfig) -> jax.Array:
+    """Output projection and residual, then the SwiGLU MLP and its residual."""
+    out = jnp.einsum("bthd,hde->bte", attn, p["o_proj"])
+    if config.out_bias:
+        out = out + p["o_bias"]
+    x = x + out
+    h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)
+    gate = h @ p["gate_proj"]
+    up = h @ p["up_proj"]
+    if config.mlp_bias:
+        gate, up = gate + p["gate_bias"], up + p["up_bias"]
+    down = (jax.nn.silu(gate) * up) @ p["down_proj"]
+    if config.mlp_bias:
+        down = down + p["down_bias"]
+    return x + down
+
+
+REMAT_POLICIES: dict[str, Callable | None] = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def cast_tree(tree, dtype):
+    return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
+
+# ---- the module -----------------------------------------------------------------------
+
+
+class DecoderLayers(nnx.Module):
+    """All blocks' parameters, each stacked on a leading `layers` axis."""
+
+    def __init__(self, config: ModelConfig, policy: DTypePolicy, rngs: nnx.Rngs):
+        for name, spec in LAYER_PARAMS.items():
+            if spec.present(config):
+                shape = (config.num_hidden_layers, *spec.shape(config))
+                value = _init(spec.init, rngs.params(), shape, policy.param, config.initializer_range)
+                setattr(self, name, nnx.Param(value, logical_axes=spec.axes))
+
+    def arrays(self) -> dict[str, jax.Array]:
+        return {name: getattr(self, name)[...] for name in LAYER_PARAMS if hasattr(self, name)}
+
+
+class Decoder(nnx.Module):
+    """Causal LM: `model(input_ids, attention_mask=None, positions=None, segment_ids=None)`
+    returns float32 logits `[B, T, vocab]`.
+
+    `attention_mask` is 0/1 `[B, T]` (right or left padding). `segment_ids` `[B, T]`
+    (0 = padding) marks packed rows; tokens attend only within their segment. Positions
+    default to 0, 1, ... restarting at each segment's (or the unpadded text's) start.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        policy: DTypePolicy = DTypePolicy(),
+        remat: str = "none",
+        attention: str = "xla",
+        rngs: nnx.Rngs,
+    ):
+        if remat not in REMAT_POLICIES:
+            raise ValueError(f"unknown remat policy {remat!r}; choose from {sorted(REMAT_POLICIES)}")
+        get_attention(attention)
+        self.config = config
+        self.policy = policy
+        self.remat = remat
+        self.attention = attention
+        std = config.initializer_range
+        self.embed = nnx.Param(
+            _init("normal", rngs.params(), (config.vocab_size, config.hidden_size), policy.param, std),
+            logical_axes=("vocab", "embed"),
+        )
+        self.layers = DecoderLayers(config, policy, rngs)
+        self.final_norm = nnx.Param(jnp.ones((config.hidden_size,), policy.param), logical_axes=("embed",))
+        if not config.tie_word_embeddings:
+            self.lm_head = nnx.Param(
+                _init("normal", rngs.params(), (config.hidden_size, config.vocab_size), policy.param, std),
+                logical_axes=("embed", "vocab"),
+            )
+
+    # -- pieces the sampler and the chunked-logprob losses reuse --
+
+    def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
+        return self.embed[...][input_ids].astype(self.policy.compute)
+
+    def unembedding(self) -> jax.Array:
+        """The `[hidden, vocab]` output matrix, in the compute dtype."""
+        w = self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
+        return w.astype(self.policy.compute)
+
+    def layer_arrays(self) -> dict[str, jax.Array]:
+        """Stacked per-layer arrays, cast to the compute dtype."""
+        return cast_tree(self.layers.arrays(), self.policy.compute)
+
+    def final_hidden(self, x: jax.Array) -> jax.Array:
+        return rms_norm(x, self.final_norm[...].astype(self.policy.compute), self.config.rms_norm_eps)
+
+    # -- forward --
+
+    def hidden_states(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+    ) -> jax.Array:
+        """Final-norm hidden states `[B, T, hidden]` in the compute dtype."""
+        config = self.config
+        if segment_ids is None:
+            segment_ids = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
+        segment_ids = segment_ids.astype(jnp.int32)
+        if positions is None:
+            positions = segment_positions(segment_ids)
+        mask = segment_mask(segment_ids)
+        cos, sin = rope_cos_sin(positions, config)
+        attend = get_attention(self.attention)
+
+        def block(x, p):
+            q, k, v = attention_inputs(p, x, cos, sin, config)
+            return attention_output_and_mlp(p, x, attend(q, k, v, mask), config), None
+
+        policy = REMAT_POLICIES[self.remat]
+        if self.remat != "none":
+            block = jax.checkpoint(block, policy=policy, prevent_cse=False)
+        x, _ = jax.lax.scan(block, self.embed_tokens(input_ids), self.layer_arrays())
+        return self.final_hidden(x)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        return jnp.einsum("bte,ev->btv", hidden, self.unembedding(), preferred_element_type=jnp.float32)
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+    ) -> jax.Array:
+        return self.logits(self.hidden_states(input_ids, attention_mask, positions, segment_ids))
+
+
+def init_model(
+    config: ModelConfig,
+    *,
+    seed: int = 0,
+    policy: DTypePolicy = DTypePolicy(),
+    remat: str = "none",
+    attention: str = "xla",
+) -> Decoder:
+    """A randomly initialised decoder (normal(0, initializer_range) weights, unit norms)."""
+    return Decoder(config, policy=policy, remat=remat, attention=attention, rngs=nnx.Rngs(seed))
+
+
+def abstract_model(
+    config: ModelConfig, *, policy: DTypePolicy = DTypePolicy(), remat: str = "none", attention: str = "xla"
+) -> Decoder:
+    """The decoder with `ShapeDtypeStruct` leaves: shapes and metadata, no memory."""
+    return nnx.eval_shape(lambda: init_model(config, policy=policy, remat=remat, attention=attention))
