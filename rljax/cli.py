@@ -13,7 +13,6 @@ import sys
 
 # name -> module under rljax.commands. Add a line here to add a subcommand.
 COMMANDS: dict[str, str] = {
-    "convert": "convert",
     "bench": "bench",
 }
 
