@@ -7,7 +7,9 @@ import importlib
 HELP = "Run a benchmark; prints one table and writes JSON."
 
 # name -> module under rljax.bench. Each defines HELP, add_arguments(p), main(args).
-BENCHES: dict[str, str] = {}
+BENCHES: dict[str, str] = {
+    "compile": "compile",
+}
 
 
 def add_arguments(parser) -> None:
