@@ -1,0 +1,1 @@
+"""Training: optimizer, jitted train steps, and the trainers (short loops over them)."""

@@ -1,0 +1,109 @@
+"""Objectives for the shared train step: `objective(model, batch, frozen) -> (AggTerms, metrics)`.
+
+Each reads one micro-batch in the data contract of `rljax.data` and returns its loss as
+a (numerator, denominator) pair of sums, so the step normalises once over the whole
+mini-batch. Token log-probs come from hidden states in chunks (`log_probs_from_hidden`),
+so the `[B, T, vocab]` logits are never materialised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rljax.algos.aggregation import AggTerms
+from rljax.algos.logprobs import log_probs_from_hidden
+from rljax.algos.preference import bradley_terry_loss, dpo_loss, sequence_log_probs
+from rljax.algos.sft import sft_loss
+
+
+@dataclass
+class DPOConfig:
+    beta: float = 0.1
+    loss_type: str = "sigmoid"  # sigmoid | ipo | hinge
+    label_smoothing: float = 0.0
+    reference_free: bool = False
+
+
+@dataclass
+class RMConfig:
+    margin: float = 0.0  # subtracted from r_chosen - r_rejected (Llama 2's margin loss)
+
+
+def token_log_probs_of(model, input_ids, attention_mask=None, positions=None, segment_ids=None, chunk_size=1024):
+    """Aligned `[B, T]` log p(input_ids[t] | < t) of a Decoder, chunked over tokens."""
+    hidden = model.hidden_states(input_ids, attention_mask, positions, segment_ids)
+    return log_probs_from_hidden(hidden, model.unembedding(), input_ids, chunk_size=chunk_size)
+
+
+def sft_objective(loss_agg_mode: str = "token-mean") -> Callable:
+    def objective(model, batch, frozen):
+        logp = token_log_probs_of(model, batch["input_ids"], positions=batch["positions"],
+                                  segment_ids=batch["segment_ids"])
+        terms, metrics = sft_loss(logp, batch["loss_mask"], loss_agg_mode, return_terms=True)
+        return terms, metrics
+
+    return objective
+
+
+def _pairs(batch: dict) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Chosen rows then rejected rows as one `[2B, T]` batch (one forward pass)."""
+    ids = jnp.concatenate([batch["chosen_input_ids"], batch["rejected_input_ids"]])
+    mask = jnp.concatenate([batch["chosen_attention_mask"], batch["rejected_attention_mask"]])
+    loss_mask = jnp.concatenate([batch["chosen_loss_mask"], batch["rejected_loss_mask"]])
+    return ids, mask, loss_mask
+
+
+def dpo_objective(config: DPOConfig, reference_graphdef: nnx.GraphDef | None) -> Callable:
+    """DPO family; `frozen` is the reference model's state (not trained, not in the
+    optimizer). Sequence log-probs sum over response tokens (`*_loss_mask`)."""
+    average = config.loss_type == "ipo"
+
+    def sequence_logps(model, ids, mask, loss_mask):
+        logp = token_log_probs_of(model, ids, attention_mask=mask)
+        seq = sequence_log_probs(logp, loss_mask, average=average)
+        half = seq.shape[0] // 2
+        return seq[:half], seq[half:]
+
+    def objective(model, batch, frozen):
+        ids, mask, loss_mask = _pairs(batch)
+        chosen, rejected = sequence_logps(model, ids, mask, loss_mask)
+        ref_chosen = ref_rejected = None
+        if not config.reference_free:
+            reference = nnx.merge(reference_graphdef, frozen)
+            ref_chosen, ref_rejected = jax.lax.stop_gradient(sequence_logps(reference, ids, mask, loss_mask))
+        return dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=config.beta,
+                        label_smoothing=config.label_smoothing, loss_type=config.loss_type,
+                        reference_free=config.reference_free, return_terms=True)
+
+    return objective
+
+
+def rm_objective(config: RMConfig) -> Callable:
+    """Bradley-Terry on a `ScalarHeadModel`: the score of each chosen answer against its
+    rejected one."""
+
+    def objective(model, batch, frozen):
+        ids, mask, _ = _pairs(batch)
+        scores = model(ids, mask)
+        half = scores.shape[0] // 2
+        margin = jnp.full((half,), config.margin) if config.margin else None
+        return bradley_terry_loss(scores[:half], scores[half:], margin, return_terms=True)
+
+    return objective
+
+
+def make_eval_step(graphdef: nnx.GraphDef, objective: Callable):
+    """Jitted `(params, batch, frozen) -> (numerator, denominator, metrics * denominator)`;
+    a validation loop sums these over batches and divides once."""
+
+    def evaluate(params, batch, frozen):
+        terms, metrics = objective(nnx.merge(graphdef, params), batch, frozen)
+        weighted = {k: v * terms.denominator for k, v in metrics.items()}
+        return terms.numerator, terms.denominator, weighted
+
+    return jax.jit(evaluate)

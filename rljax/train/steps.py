@@ -1,0 +1,135 @@
+"""The jitted train step, shared by every objective.
+
+An objective is a pure function `objective(model, micro_batch, frozen) -> (AggTerms,
+metrics)`: the loss as a numerator and a denominator that are *sums* over the micro-batch
+(see `rljax.algos.aggregation`), and a dict of scalar metrics that are means over it.
+
+The step splits the global mini-batch into `num_micro_batches`, scans over them
+accumulating the gradient of the numerator, the numerator and the denominator, and divides
+once at the end:
+
+    loss = sum_m num_m / sum_m den_m,      grad = sum_m grad(num_m) / sum_m den_m
+
+which is exactly the loss and gradient of the whole mini-batch (not a mean of micro-batch
+means). Sums over devices are global because the batch is one sharded array. Metrics are
+weighted by each micro-batch's denominator.
+
+A step whose loss or gradient is not finite keeps the old parameters and optimizer state
+and increments `skipped_steps`. Nothing in the step talks to the host; the state is
+donated, so parameters are updated in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from rljax.algos.aggregation import AggTerms
+
+Objective = Callable[[Any, dict, Any], tuple[AggTerms, dict]]
+
+
+@struct.dataclass
+class TrainState:
+    params: Any  # nnx.State of the trained module's Params
+    opt_state: Any
+    step: jax.Array  # int32 scalar: optimizer steps taken (skipped ones included)
+    skipped_steps: jax.Array  # int32 scalar
+    rng: jax.Array  # uint32 key data
+
+
+def init_train_state(params, optimizer: optax.GradientTransformation, seed: int = 0) -> TrainState:
+    return TrainState(
+        params=params,
+        opt_state=optimizer.init(params),
+        step=jnp.zeros((), jnp.int32),
+        skipped_steps=jnp.zeros((), jnp.int32),
+        rng=jax.random.key_data(jax.random.key(seed)),
+    )
+
+
+def split_micro_batches(batch: dict, num_micro_batches: int) -> dict:
+    """[B, ...] -> [M, B/M, ...] with micro-batch m = rows m, M+m, 2M+m, ... Each device's
+    contiguous block of rows stays on that device (no resharding); the order of rows does
+    not matter because the step sums over all micro-batches."""
+
+    def split(x):
+        b = x.shape[0]
+        return x.reshape(b // num_micro_batches, num_micro_batches, *x.shape[1:]).swapaxes(0, 1)
+
+    return jax.tree.map(split, batch)
+
+
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    objective: Objective,
+    optimizer: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    num_micro_batches: int = 1,
+    state_sharding: Any = None,
+    batch_sharding: Any = None,
+    frozen_sharding: Any = None,
+):
+    """Build `step(state, batch, frozen) -> (state, metrics)`, jitted with the given
+    shardings and the state donated. `graphdef` is split from the model once, by the
+    caller; `frozen` carries arrays that are read but not trained (a reference model)."""
+
+    def micro_step(params, micro_batch, frozen):
+        def numerator(p):
+            terms, metrics = objective(nnx.merge(graphdef, p), micro_batch, frozen)
+            return terms.numerator, (terms.denominator, metrics)
+
+        (num, (den, metrics)), grads = jax.value_and_grad(numerator, has_aux=True)(params)
+        return grads, num, den, metrics
+
+    def step(state: TrainState, batch: dict, frozen):
+        micro = split_micro_batches(batch, num_micro_batches)
+        first = jax.tree.map(lambda x: x[0], micro)
+        shapes = jax.eval_shape(micro_step, state.params, first, frozen)
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+        def body(carry, mb):
+            grads, num, den, metrics = micro_step(state.params, mb, frozen)
+            g_acc, n_acc, d_acc, m_acc = carry
+            weighted = jax.tree.map(lambda m: m * den, metrics)
+            return (
+                jax.tree.map(jnp.add, g_acc, grads),
+                n_acc + num,
+                d_acc + den,
+                jax.tree.map(jnp.add, m_acc, weighted),
+            ), None
+
+        (grads, num, den, metric_sums), _ = jax.lax.scan(body, zeros, micro)
+        loss = num / den
+        grads = jax.tree.map(lambda g: g / den, grads)
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+        new_state = state.replace(
+            params=keep(new_params, state.params),
+            opt_state=keep(new_opt_state, state.opt_state),
+            step=state.step + 1,
+            skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32),
+        )
+        metrics = {name: total / den for name, total in metric_sums.items()}
+        metrics.update({
+            "train/loss": loss,
+            "train/grad_norm": grad_norm,
+            "train/lr": schedule(state.step),
+            "train/skipped_steps": new_state.skipped_steps,
+            "train/loss_denominator": den,
+        })
+        return new_state, metrics
+
+    return jax.jit(
+        step,
+        in_shardings=(state_sharding, batch_sharding, frozen_sharding),
+        out_shardings=(state_sharding, None),
+        donate_argnums=(0,),
+    )
