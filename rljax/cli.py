@@ -13,6 +13,8 @@ import sys
 
 # name -> module under rljax.commands. Add a line here to add a subcommand.
 COMMANDS: dict[str, str] = {
+    "train": "train",
+    "export": "export",
     "bench": "bench",
 }
 

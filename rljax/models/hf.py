@@ -11,6 +11,7 @@ one layout into the other; load, export and weight sync all read it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -23,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from rljax.models.config import DTypePolicy, ModelConfig, UnsupportedModelError
+from rljax.models.heads import ScalarHeadModel
 from rljax.models.transformer import LAYER_PARAMS, Decoder, abstract_model
 
 
@@ -257,12 +259,14 @@ def _parse_size(size: int | str) -> int:
     return int(float(match.group(1)) * units[match.group(2).upper()])
 
 
-def hf_tensors(model: Decoder, dtype: str | None = None) -> Iterator[tuple[str, np.ndarray]]:
+def hf_tensors(model: Decoder, dtype: str | None = None, lm_head: bool = True) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, host array) for every parameter, one tensor at a time: a per-layer
     parameter is sliced on device and only that slice comes to the host."""
     config = model.config
     np_dtype = jnp.dtype(dtype) if dtype else None
     for m in weight_map(config):
+        if m.hf == "lm_head.weight" and not lm_head:
+            continue
         value = _variable(model, m.rljax)[...]
         slices = [(m.hf.format(i=i), value[i]) for i in range(config.num_hidden_layers)] if m.per_layer else [(m.hf, value)]
         for name, arr in slices:
@@ -272,19 +276,23 @@ def hf_tensors(model: Decoder, dtype: str | None = None) -> Iterator[tuple[str, 
 
 
 def save_hf(
-    model: Decoder,
+    model: Decoder | ScalarHeadModel,
     path: str,
     tokenizer=None,
     dtype: str | None = None,
     max_shard_size: int | str = "5GB",
 ) -> None:
     """Write `model` as a Hugging Face folder: config.json, generation_config.json,
-    safetensors (sharded with an index above `max_shard_size`) and the tokenizer."""
+    safetensors (sharded with an index above `max_shard_size`) and the tokenizer.
+    A `ScalarHeadModel` (reward model) is written as `*ForSequenceClassification` with
+    `num_labels=1`: the backbone's tensors without `lm_head`, plus `score.weight`."""
     from safetensors.numpy import save_file
 
     os.makedirs(path, exist_ok=True)
-    config = model.config
-    dtype = dtype or model.policy.param_dtype
+    head = model if isinstance(model, ScalarHeadModel) else None
+    decoder = head.backbone if head is not None else model
+    config = decoder.config
+    dtype = dtype or decoder.policy.param_dtype
     limit = _parse_size(max_shard_size)
     # Shards are written as they fill, so host memory stays near one shard.
     written: list[tuple[str, list[str]]] = []  # (temporary file, tensor names)
@@ -297,7 +305,11 @@ def save_hf(
         written.append((tmp_name, list(current)))
         current.clear()
 
-    for name, arr in hf_tensors(model, dtype):
+    tensors = hf_tensors(decoder, dtype, lm_head=head is None)
+    if head is not None:
+        score = np.asarray(jax.device_get(head.score[...]))[None, :].astype(jnp.dtype(dtype))
+        tensors = itertools.chain(tensors, [("score.weight", score)])
+    for name, arr in tensors:
         if current and current_bytes + arr.nbytes > limit:
             flush()
             current_bytes = 0
@@ -320,8 +332,12 @@ def save_hf(
         with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map_json}, f, indent=2)
 
+    hf_config = config.to_hf_dict(dtype=dtype)
+    if head is not None:
+        hf_config["architectures"] = [config.family.architecture.replace("ForCausalLM", "ForSequenceClassification")]
+        hf_config.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config.to_hf_dict(dtype=dtype), f, indent=2)
+        json.dump(hf_config, f, indent=2)
     generation = {k: v for k, v in {
         "bos_token_id": config.bos_token_id,
         "eos_token_id": list(config.eos_token_id) if isinstance(config.eos_token_id, tuple) else config.eos_token_id,

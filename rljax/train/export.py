@@ -1,0 +1,67 @@
+"""Export a training checkpoint to a Hugging Face folder.
+
+The run's saved `config.yaml` rebuilds the trained module abstractly (no memory), orbax
+restores the train state into that layout, and `save_hf` writes the weights one tensor
+at a time, with the run's tokenizer. A reward model is written as
+`*ForSequenceClassification` (`num_labels=1`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import yaml
+from flax import nnx
+
+from rljax.checkpoint import Checkpointer, resolve_checkpoint
+from rljax.config import from_dict
+from rljax.models import save_hf
+from rljax.parallel import make_mesh, state_shardings
+from rljax.train.optim import make_optimizer
+from rljax.train.run_config import RunConfig
+from rljax.train.setup import build_decoder, load_tokenizer
+from rljax.train.steps import init_train_state
+from rljax.train.tasks import make_task
+
+
+def load_run_config(run_dir: str) -> RunConfig:
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{run_dir}: no config.yaml beside the checkpoints")
+    with open(path) as f:
+        return from_dict(RunConfig, yaml.safe_load(f))
+
+
+def abstract_train_state(module: nnx.Module, cfg: RunConfig, mesh):
+    """(graphdef, ShapeDtypeStructs of the TrainState with the shardings training used)."""
+    graphdef, params = nnx.split(module)
+    shardings = state_shardings(params, mesh)
+    params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), params, shardings)
+    optimizer, _ = make_optimizer(cfg.optim, cfg.trainer.total_steps)
+    init = jax.jit(lambda p: init_train_state(p, optimizer, cfg.trainer.seed))
+    shapes = init.eval_shape(params)
+    out_shardings = init.lower(params).compile().output_shardings
+    return graphdef, jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                                  shapes, out_shardings)
+
+
+def export_checkpoint(path: str, out: str, step: int | None = None, dtype: str | None = None,
+                      max_shard_size: str = "5GB") -> str:
+    directory, found_step = resolve_checkpoint(path)
+    run_dir = os.path.dirname(directory)
+    cfg = load_run_config(run_dir)
+    tokenizer_dir = os.path.join(run_dir, "tokenizer")
+    tokenizer = load_tokenizer(dataclasses.replace(cfg.model, tokenizer=tokenizer_dir)
+                               if os.path.isdir(tokenizer_dir) else cfg.model)
+    checkpointer = Checkpointer(directory, max_to_keep=None, async_save=False)
+    step = step if step is not None else (found_step if found_step is not None else checkpointer.latest_step())
+    if step is None:
+        raise FileNotFoundError(f"{directory}: no checkpoint")
+    mesh = make_mesh(cfg.mesh)
+    module = nnx.eval_shape(lambda: make_task(cfg, build_decoder(cfg.model, tokenizer, weights=False), mesh).module)
+    graphdef, abstract_state = abstract_train_state(module, cfg, mesh)
+    state, _, _ = checkpointer.restore(step, abstract_state)
+    save_hf(nnx.merge(graphdef, state.params), out, tokenizer=tokenizer, dtype=dtype, max_shard_size=max_shard_size)
+    return out

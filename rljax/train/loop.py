@@ -1,0 +1,190 @@
+"""The supervised training loop shared by SFT, reward-model and DPO training.
+
+    batch (grain) -> shard onto the mesh -> jitted step -> metrics (one step late, so the
+    host never waits on the device) -> validate / checkpoint every N steps
+
+A run lives in `<trainer.default_local_dir>/<trainer.experiment_name>/`: `config.yaml`
+(the resolved config), `tokenizer/`, `checkpoints/<step>/`, `metrics.jsonl`,
+`tensorboard/`. With `trainer.resume_mode=auto` a restarted run continues from its last
+complete checkpoint: same parameters, optimizer state, RNG and data position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from rljax.checkpoint import Checkpointer, abstract_like, resolve_checkpoint
+from rljax.config import config_to_dict, save_config
+from rljax.data import make_dataset
+from rljax.data.synthetic_spec import materialize
+from rljax.parallel import check_batch, make_mesh, shard_batch
+from rljax.tracking import Tracker
+from rljax.train.objectives import make_eval_step
+from rljax.train.optim import make_optimizer
+from rljax.train.run_config import RunConfig
+from rljax.train.setup import build_decoder, load_tokenizer, peak_flops, place
+from rljax.train.steps import init_train_state, make_train_step
+from rljax.train.tasks import make_task
+
+
+def run_dir_of(cfg: RunConfig) -> str:
+    return os.path.join(cfg.trainer.default_local_dir, cfg.trainer.experiment_name)
+
+
+def _num_micro_batches(cfg: RunConfig, mesh) -> int:
+    batch = cfg.data.batch_size
+    micro = cfg.trainer.micro_batch_size or batch
+    check_batch(batch, mesh, name="data.batch_size")
+    if batch % micro:
+        raise ValueError(f"trainer.micro_batch_size={micro} does not divide data.batch_size={batch}")
+    check_batch(micro, mesh, name="trainer.micro_batch_size")
+    return batch // micro
+
+
+def _tokens(batch: dict) -> int:
+    for key in ("attention_mask", "segment_ids", "chosen_attention_mask"):
+        if key in batch:
+            total = int(np.sum(np.asarray(batch[key]) > 0))
+            if key == "chosen_attention_mask":
+                total += int(np.sum(np.asarray(batch["rejected_attention_mask"]) > 0))
+            return total
+    return 0
+
+
+def _seq_len(batch: dict) -> int:
+    key = "input_ids" if "input_ids" in batch else "chosen_input_ids"
+    return int(np.asarray(batch[key]).shape[1])
+
+
+def train(cfg: RunConfig) -> dict:
+    """Run (or resume) training; return the last logged metrics."""
+    run_dir = run_dir_of(cfg)
+    os.makedirs(run_dir, exist_ok=True)
+    if jax.process_index() == 0:
+        save_config(cfg, os.path.join(run_dir, "config.yaml"))
+    mesh = make_mesh(cfg.mesh)
+    num_micro = _num_micro_batches(cfg, mesh)
+    tokenizer = load_tokenizer(cfg.model)
+    if jax.process_index() == 0:
+        tokenizer.save_pretrained(os.path.join(run_dir, "tokenizer"))
+
+    decoder = build_decoder(cfg.model, tokenizer)
+    task = make_task(cfg, decoder, mesh)
+    if cfg.data.format != task.data_format:
+        raise ValueError(
+            f"data.format={cfg.data.format!r} but trainer.algorithm={cfg.trainer.algorithm!r} "
+            f"reads {task.data_format!r} data"
+        )
+    graphdef, params = place(task.module, mesh)
+    optimizer, schedule = make_optimizer(cfg.optim, cfg.trainer.total_steps)
+    state = jax.jit(lambda p: init_train_state(p, optimizer, cfg.trainer.seed))(params)
+    state_sharding = jax.tree.map(lambda x: x.sharding, state)
+    step_fn = make_train_step(graphdef, task.objective, optimizer, schedule, num_micro,
+                              state_sharding=state_sharding, frozen_sharding=task.frozen_sharding)
+
+    data_dir = os.path.join(run_dir, "data")
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(
+        cfg.data,
+        train_files=materialize(cfg.data.train_files, data_dir, "train"),
+        val_files=materialize(cfg.data.val_files, data_dir, "val"),
+    ))
+    train_data = make_dataset(cfg.data, tokenizer, "train")
+    checkpointer = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.trainer.max_to_keep, cfg.trainer.async_save)
+    start = _maybe_resume(cfg, checkpointer, state, train_data)
+    if start is not None:
+        state, start_step = start
+    else:
+        start_step = 0
+
+    tracker = Tracker(run_dir, cfg.trainer.logger, cfg.trainer.total_steps)
+    flops_peak = peak_flops(cfg.trainer.peak_flops_per_device) * jax.device_count()
+    model_config = decoder.config
+    evaluate = make_eval_step(graphdef, task.objective) if cfg.data.val_files else None
+    pending = None  # (step, device metrics, tokens, seq_len, data seconds) of the previous step
+    last: dict = {}
+    clock = [time.perf_counter()]
+
+    def flush(pending) -> dict:
+        """Fetch a step's metrics (the device has moved on to the next step by now)."""
+        step, metrics, tokens, seq_len, data_s = pending
+        host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        now = time.perf_counter()
+        elapsed, clock[0] = now - clock[0], now  # step 1 includes compilation
+        host.update({
+            "timing_s/step": elapsed,
+            "timing_s/data": data_s,
+            "perf/throughput": tokens / elapsed / jax.device_count(),  # tokens/s per device
+            "perf/total_num_tokens": tokens,
+        })
+        if flops_peak:
+            host["perf/mfu"] = tokens * model_config.flops_per_token(seq_len) / elapsed / flops_peak
+        tracker.log(step, host)
+        return host
+
+    for step in range(start_step + 1, cfg.trainer.total_steps + 1):
+        t0 = time.perf_counter()
+        host_batch = next(train_data)
+        data_state = train_data.get_state()
+        batch = shard_batch(host_batch, mesh)
+        data_s = time.perf_counter() - t0
+        state, metrics = step_fn(state, batch, task.frozen)
+        if pending is not None:
+            last = flush(pending)
+        pending = (step, metrics, _tokens(host_batch), _seq_len(host_batch), data_s)
+        is_last = step == cfg.trainer.total_steps
+        if evaluate is not None and ((cfg.trainer.test_freq and step % cfg.trainer.test_freq == 0) or is_last):
+            val = _validate(evaluate, state.params, task.frozen, cfg, tokenizer, mesh)
+            tracker.log(step, val)
+            last.update(val)
+        if (cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0) or is_last:
+            checkpointer.save(step, state, data_state, {"step": step, "config": config_to_dict(cfg)})
+    if pending is not None:
+        last.update(flush(pending))
+    checkpointer.close()
+    tracker.close()
+    return last
+
+
+def _maybe_resume(cfg: RunConfig, checkpointer: Checkpointer, state, train_data):
+    mode = cfg.trainer.resume_mode
+    if mode == "disable":
+        return None
+    if mode == "auto":
+        source, step = checkpointer, checkpointer.latest_step()
+        if step is None:
+            return None
+    else:
+        directory, step = resolve_checkpoint(mode)
+        source = Checkpointer(directory, max_to_keep=None, async_save=False)
+        step = step if step is not None else source.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"trainer.resume_mode={mode!r}: no checkpoint there")
+    restored, data_state, meta = source.restore(step, abstract_like(state))
+    train_data.set_state(data_state)
+    if jax.process_index() == 0:
+        print(f"resumed from {source.directory}/{step}", flush=True)
+    return restored, step
+
+
+def _validate(evaluate, params, frozen, cfg: RunConfig, tokenizer, mesh) -> dict:
+    """Loss (and objective metrics) over the whole validation split, normalised once."""
+    val_cfg = dataclasses.replace(cfg.data, shuffle=False)
+    numerator = denominator = 0.0
+    sums: dict[str, float] = {}
+    for host_batch in make_dataset(val_cfg, tokenizer, "val"):
+        num, den, weighted = jax.device_get(evaluate(params, shard_batch(host_batch, mesh), frozen))
+        numerator += float(num)
+        denominator += float(den)
+        for k, v in weighted.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+    if denominator == 0:
+        return {}
+    out = {"val/loss": numerator / denominator}
+    out.update({f"val/{k}": v / denominator for k, v in sums.items()})
+    return out
