@@ -1,0 +1,105 @@
+"""A tiny character-level tokenizer of our own, with a ChatML chat template.
+
+`build_char_tokenizer()` returns a `transformers.PreTrainedTokenizerFast` built with the
+`tokenizers` library, so tiny configs, the quickstart and the tests need no download.
+
+Vocabulary (fixed, identical on every call and every machine):
+
+* ids 0..4 are special tokens: `<|pad|>` (0), `<|endoftext|>` (1), `<|im_start|>` (2),
+  `<|im_end|>` (3), `<|unk|>` (4);
+* ids 5.. are single characters: tab, newline, space, the ASCII digits, letters and
+  punctuation (`CHAR_ALPHABET`), in that order. Any other character maps to `<|unk|>`.
+
+`eos_token` is `<|im_end|>` (the end-of-turn token: a sampler stops on it), `pad_token`
+is `<|pad|>`, `bos_token` is None (nothing is prepended when encoding).
+
+The chat template is ChatML, like Qwen's: every message is
+`<|im_start|>{role}\\n{content}<|im_end|>\\n`; roles are system, user, assistant and tool
+(anything else raises); a system message may only come first; `tools` (OpenAI function
+schemas) are listed as JSON in a leading system turn; an assistant's `tool_calls` are
+rendered as `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>` lines;
+`add_generation_prompt=True` appends `<|im_start|>assistant\\n`. Each message renders
+independently of the ones after it, so the template is prefix-stable (see `chat.py`).
+"""
+
+from __future__ import annotations
+
+import string
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+PAD_TOKEN = "<|pad|>"
+EOS_TEXT_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+UNK_TOKEN = "<|unk|>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, EOS_TEXT_TOKEN, IM_START, IM_END, UNK_TOKEN)
+
+CHAR_ALPHABET: str = "\t\n " + string.digits + string.ascii_letters + string.punctuation
+
+CHATML_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
+    "{{- raise_exception('unknown role ' + message['role'] + ' (expected system, user, assistant or tool)') }}"
+    "{%- endif %}"
+    "{%- if message['role'] == 'system' and not loop.first %}"
+    "{{- raise_exception('a system message may only be the first message') }}"
+    "{%- endif %}"
+    "{%- if not (message['role'] == 'system' and tools) %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}{%- endif %}"
+    "{%- if message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{%- for tool_call in message['tool_calls'] %}"
+    "{%- if tool_call['function'] is defined %}{%- set tool_call = tool_call['function'] %}{%- endif %}"
+    "{%- if not loop.first or message['content'] %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + tool_call['name'] + '\", \"arguments\": ' }}"
+    "{%- if tool_call['arguments'] is string %}{{- tool_call['arguments'] }}"
+    "{%- else %}{{- tool_call['arguments'] | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def char_vocab() -> dict[str, int]:
+    """The fixed token -> id table: special tokens first, then `CHAR_ALPHABET`."""
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in CHAR_ALPHABET:
+        vocab[ch] = len(vocab)
+    return vocab
+
+
+def build_char_tokenizer(model_max_length: int = 1 << 20) -> PreTrainedTokenizerFast:
+    """Build the character-level tokenizer (102 ids) with its ChatML chat template.
+
+    Deterministic: every call returns the same vocabulary and template. Works offline, and
+    `save_pretrained(path)` / `transformers.AutoTokenizer.from_pretrained(path)` round-trip.
+    """
+    vocab = char_vocab()
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    # Every character is its own pre-token; WordLevel then maps it to its id (or unk).
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        eos_token=IM_END,
+        unk_token=UNK_TOKEN,
+        additional_special_tokens=[EOS_TEXT_TOKEN, IM_START],
+        clean_up_tokenization_spaces=False,
+        model_max_length=model_max_length,
+    )
+    tok.chat_template = CHATML_TEMPLATE
+    return tok

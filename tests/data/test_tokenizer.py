@@ -1,0 +1,59 @@
+"""Our character-level tokenizer and its ChatML template."""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+
+from rljax.data.tokenizer import CHAR_ALPHABET, SPECIAL_TOKENS, build_char_tokenizer, char_vocab
+
+
+def test_vocab_is_fixed_and_small(char_tok):
+    again = build_char_tokenizer()
+    assert char_tok.get_vocab() == again.get_vocab() == char_vocab()
+    assert len(char_tok) == len(SPECIAL_TOKENS) + len(CHAR_ALPHABET) == 102
+    assert [char_tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+    assert (char_tok.pad_token, char_tok.pad_token_id) == ("<|pad|>", 0)
+    assert (char_tok.eos_token, char_tok.eos_token_id) == ("<|im_end|>", 3)
+    assert char_tok.bos_token is None
+
+
+def test_encode_decode_round_trip(char_tok):
+    text = string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", "")
+    ids = char_tok.encode(text, add_special_tokens=False)
+    assert len(ids) == len(text)  # one id per character
+    assert char_tok.decode(ids) == text
+    ids = char_tok.encode("<|im_start|>a b<|im_end|>", add_special_tokens=False)
+    assert ids == [2, char_tok.convert_tokens_to_ids("a"), 7, char_tok.convert_tokens_to_ids("b"), 3]
+    assert char_tok.encode("é", add_special_tokens=False) == [4]  # unknown -> <|unk|>
+
+
+def test_chat_template(char_tok):
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a"}, {"role": "tool", "content": "t"}]
+    text = char_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert text == ("<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nu<|im_end|>\n"
+                    "<|im_start|>assistant\na<|im_end|>\n<|im_start|>tool\nt<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    text = char_tok.apply_chat_template(msgs[:2], tools=tools, tokenize=False)
+    assert text.startswith("<|im_start|>system\ns\n\n# Tools\n<tools>\n{")
+    assert text.count("<|im_start|>system") == 1
+    with pytest.raises(Exception, match="unknown role"):
+        char_tok.apply_chat_template([{"role": "robot", "content": "x"}], tokenize=False)
+
+
+def test_save_and_load_offline(tmp_path, char_tok, monkeypatch):
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    char_tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path))
+    msgs = [{"role": "user", "content": "12+7="}, {"role": "assistant", "content": "19"}]
+    assert loaded.get_vocab() == char_tok.get_vocab()
+    assert loaded.apply_chat_template(msgs, tokenize=False) == char_tok.apply_chat_template(msgs, tokenize=False)
+    assert loaded.encode("<|im_start|>hi\n", add_special_tokens=False) == char_tok.encode(
+        "<|im_start|>hi\n", add_special_tokens=False)
+    assert (loaded.eos_token, loaded.pad_token) == ("<|im_end|>", "<|pad|>")
+    assert loaded.decode(loaded.encode("a b\nc", add_special_tokens=False)) == "a b\nc"
