@@ -138,14 +138,18 @@ def train(cfg: RunConfig) -> dict:
             last = flush(pending)
         pending = (step, metrics, _tokens(host_batch), _seq_len(host_batch), data_s)
         is_last = step == cfg.trainer.total_steps
-        if evaluate is not None and ((cfg.trainer.test_freq and step % cfg.trainer.test_freq == 0) or is_last):
+        validate_now = evaluate is not None and (is_last or (cfg.trainer.test_freq and step % cfg.trainer.test_freq == 0))
+        save_now = is_last or (cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0)
+        if validate_now or save_now:  # log this step before the pause, so its timing is its own
+            last, pending = flush(pending), None
+        if validate_now:
             val = _validate(evaluate, state.params, task.frozen, cfg, tokenizer, mesh)
             tracker.log(step, val)
             last.update(val)
-        if (cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0) or is_last:
+        if save_now:
             checkpointer.save(step, state, data_state, {"step": step, "config": config_to_dict(cfg)})
-    if pending is not None:
-        last.update(flush(pending))
+        if validate_now or save_now:
+            clock[0] = time.perf_counter()
     checkpointer.close()
     tracker.close()
     return last

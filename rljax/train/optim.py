@@ -41,11 +41,12 @@ def _constant(config: OptimConfig, total_steps: int) -> optax.Schedule:
 
 
 def _cosine(config: OptimConfig, total_steps: int) -> optax.Schedule:
+    warmup = _warmup_steps(config, total_steps)
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=config.lr,
-        warmup_steps=_warmup_steps(config, total_steps),
-        decay_steps=max(total_steps, 1),
+        warmup_steps=warmup,
+        decay_steps=max(total_steps, warmup + 1),  # counts the warmup too
         end_value=config.lr * config.min_lr_ratio,
     )
 
