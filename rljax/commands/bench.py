@@ -8,6 +8,7 @@ HELP = "Run a benchmark; prints one table and writes JSON."
 
 # name -> module under rljax.bench. Each defines HELP, add_arguments(p), main(args).
 BENCHES: dict[str, str] = {
+    "sampler": "sampler",
     "compile": "compile",
     "logprobs": "logprobs",
 }

@@ -1,4 +1,4 @@
-"""Objectives for the shared train step: `objective(model, batch, frozen) -> (AggTerms, metrics)`.
+"""Objectives for the shared train step: `objective(model, batch, frozen, totals) -> (AggTerms, metrics)`.
 
 Each reads one micro-batch in the data contract of `rljax.data` and returns its loss as
 a (numerator, denominator) pair of sums, so the step normalises once over the whole
@@ -34,14 +34,14 @@ class RMConfig:
     margin: float = 0.0  # subtracted from r_chosen - r_rejected (Llama 2's margin loss)
 
 
-def token_log_probs_of(model, input_ids, attention_mask=None, positions=None, segment_ids=None, chunk_size=1024):
+def token_log_probs_of(model, input_ids, attention_mask=None, positions=None, segment_ids=None):
     """Aligned `[B, T]` log p(input_ids[t] | < t) of a Decoder, chunked over tokens."""
     hidden = model.hidden_states(input_ids, attention_mask, positions, segment_ids)
-    return log_probs_from_hidden(hidden, model.unembedding(), input_ids, chunk_size=chunk_size)
+    return log_probs_from_hidden(hidden, model.unembedding(), input_ids)
 
 
 def sft_objective(loss_agg_mode: str = "token-mean") -> Callable:
-    def objective(model, batch, frozen):
+    def objective(model, batch, frozen, totals=None):
         logp = token_log_probs_of(model, batch["input_ids"], positions=batch["positions"],
                                   segment_ids=batch["segment_ids"])
         terms, metrics = sft_loss(logp, batch["loss_mask"], loss_agg_mode, return_terms=True)
@@ -69,7 +69,7 @@ def dpo_objective(config: DPOConfig, reference_graphdef: nnx.GraphDef | None) ->
         half = seq.shape[0] // 2
         return seq[:half], seq[half:]
 
-    def objective(model, batch, frozen):
+    def objective(model, batch, frozen, totals=None):
         ids, mask, loss_mask = _pairs(batch)
         chosen, rejected = sequence_logps(model, ids, mask, loss_mask)
         ref_chosen = ref_rejected = None
@@ -87,7 +87,7 @@ def rm_objective(config: RMConfig) -> Callable:
     """Bradley-Terry on a `ScalarHeadModel`: the score of each chosen answer against its
     rejected one."""
 
-    def objective(model, batch, frozen):
+    def objective(model, batch, frozen, totals=None):
         ids, mask, _ = _pairs(batch)
         scores = model(ids, mask)
         half = scores.shape[0] // 2
@@ -102,7 +102,7 @@ def make_eval_step(graphdef: nnx.GraphDef, objective: Callable):
     a validation loop sums these over batches and divides once."""
 
     def evaluate(params, batch, frozen):
-        terms, metrics = objective(nnx.merge(graphdef, params), batch, frozen)
+        terms, metrics = objective(nnx.merge(graphdef, params), batch, frozen, None)
         weighted = {k: v * terms.denominator for k, v in metrics.items()}
         return terms.numerator, terms.denominator, weighted
 

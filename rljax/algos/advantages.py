@@ -1,0 +1,352 @@
+"""Advantage estimators, registered by name (verl's `algorithm.adv_estimator`).
+
+Every estimator returns `(advantages, returns)`, both [B, T] float32, and takes keyword
+arguments named as in verl: `token_level_rewards` [B, T] (an outcome reward sits on the
+last response token), `response_mask` [B, T], and as needed `values` [B, T], `index` [B]
+(int group ids in [0, num_groups): the prompt each sample came from; verl takes string
+uids), `reward_baselines` [B], `gamma`, `lam`, `epsilon`, `norm_adv_by_std_in_grpo`.
+Unused keyword arguments are ignored, so a trainer can pass one superset to any estimator.
+
+Group statistics use `jax.ops.segment_sum` over `num_groups` segments: static, jit-able;
+`num_groups` defaults to B (always enough, since ids are < B after a re-index). Outcome
+estimators use the sequence score s_i = sum_t token_level_rewards[i, t] and broadcast the
+per-sequence advantage over the response mask. As in verl, a group with a single sample
+gets mean 0 and std 1.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from rljax.algos.masked import as_float, masked_whiten, safe_divide
+from rljax.algos.registry import register_adv_est
+
+Pair = tuple[jax.Array, jax.Array]
+
+
+# --------------------------------------------------------------------------- groups
+
+
+def _index(index: ArrayLike) -> jax.Array:
+    return jnp.asarray(index).astype(jnp.int32)
+
+
+def _num_groups(index: jax.Array, num_groups: int | None) -> int:
+    return int(index.shape[0]) if num_groups is None else int(num_groups)
+
+
+def group_count(index: ArrayLike, num_groups: int | None = None) -> jax.Array:
+    """[B] float: the size of each sample's group."""
+    index = _index(index)
+    g = _num_groups(index, num_groups)
+    counts = jax.ops.segment_sum(jnp.ones(index.shape, jnp.float32), index, num_segments=g)
+    return counts[index]
+
+
+def group_sum(x: ArrayLike, index: ArrayLike, num_groups: int | None = None) -> jax.Array:
+    """[B]: the sum of `x` over each sample's group."""
+    index = _index(index)
+    g = _num_groups(index, num_groups)
+    return jax.ops.segment_sum(as_float(x), index, num_segments=g)[index]
+
+
+def group_mean_std(scores: ArrayLike, index: ArrayLike, num_groups: int | None = None) -> Pair:
+    """[B] group mean and unbiased group std of `scores`; (0, 1) for single-sample groups (verl)."""
+    scores = as_float(scores)
+    n = group_count(index, num_groups)
+    mean = group_sum(scores, index, num_groups) / n
+    var = group_sum(jnp.square(scores - mean), index, num_groups) / jnp.maximum(n - 1.0, 1.0)
+    single = n <= 1
+    return jnp.where(single, 0.0, mean), jnp.where(single, 1.0, jnp.sqrt(var))
+
+
+def _scores(token_level_rewards: ArrayLike) -> jax.Array:
+    return jnp.sum(as_float(token_level_rewards).astype(jnp.float32), axis=-1)
+
+
+def _broadcast(per_sequence: jax.Array, response_mask: ArrayLike) -> jax.Array:
+    return per_sequence[:, None] * as_float(response_mask).astype(jnp.float32)
+
+
+# --------------------------------------------------------------------------- GAE
+
+
+@register_adv_est("gae")
+def compute_gae_advantage_return(
+    token_level_rewards: ArrayLike,
+    values: ArrayLike,
+    response_mask: ArrayLike,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    **kwargs: object,
+) -> Pair:
+    """Generalised Advantage Estimation, multi-turn safe, then whitened.
+
+    Backwards over t, with m the response mask (1 = a policy token):
+
+        delta_t = r_t + gamma V_next - V_t
+        A_t     = delta_t + gamma lam A_next
+        V_next <- V_t if m_t else V_next;   A_next <- A_t if m_t else A_next
+
+    Masked tokens (tool observations, padding) neither receive their own TD error nor
+    break the recursion: the next policy token's value and advantage are carried across
+    them. returns = A + V (before whitening); advantages = masked_whiten(A).
+    Sources: Schulman et al. 2016, arXiv:1506.02438; verl `compute_gae_advantage_return`.
+    """
+    rewards = as_float(token_level_rewards).astype(jnp.float32)
+    values = as_float(values).astype(jnp.float32)
+    mask = as_float(response_mask).astype(jnp.float32)
+
+    def step(carry: Pair, xs: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[Pair, jax.Array]:
+        next_value, next_adv = carry
+        r, v, m = xs
+        delta = r + gamma * next_value - v
+        adv = delta + gamma * lam * next_adv
+        next_value = m * v + (1.0 - m) * next_value
+        next_adv = m * adv + (1.0 - m) * next_adv
+        return (next_value, next_adv), next_adv
+
+    zeros = jnp.zeros(rewards.shape[:1], jnp.float32)
+    _, adv_t = jax.lax.scan(step, (zeros, zeros), (rewards.T, values.T, mask.T), reverse=True)
+    advantages = adv_t.T
+    returns = advantages + values
+    return masked_whiten(advantages, mask), returns
+
+
+# --------------------------------------------------------------------------- group baselines
+
+
+@register_adv_est("grpo")
+def compute_grpo_outcome_advantage(
+    token_level_rewards: ArrayLike,
+    response_mask: ArrayLike,
+    index: ArrayLike,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    num_groups: int | None = None,
+    **kwargs: object,
+) -> Pair:
+    """GRPO outcome advantage:  A_i = (s_i - mean_g) / (std_g + epsilon), broadcast over tokens.
+
+    std is the unbiased group std. With `norm_adv_by_std_in_grpo=False`: A_i = s_i - mean_g
+    (Dr. GRPO). Sources: Shao et al. 2024 (DeepSeekMath), arXiv:2402.03300; Liu et al. 2025
+    (Dr. GRPO), arXiv:2503.20783; verl `compute_grpo_outcome_advantage`.
+    """
+    scores = _scores(token_level_rewards)
+    mean, std = group_mean_std(scores, index, num_groups)
+    adv = (scores - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else scores - mean
+    adv = _broadcast(adv, response_mask)
+    return adv, adv
+
+
+@register_adv_est("dr_grpo")
+def compute_dr_grpo_outcome_advantage(
+    token_level_rewards: ArrayLike,
+    response_mask: ArrayLike,
+    index: ArrayLike,
+    num_groups: int | None = None,
+    **kwargs: object,
+) -> Pair:
+    """Dr. GRPO:  A_i = s_i - mean_g (GRPO without the std division; arXiv:2503.20783)."""
+    return compute_grpo_outcome_advantage(
+        token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=False, num_groups=num_groups
+    )
+
+
+@register_adv_est("grpo_passk")
+def compute_grpo_passk_outcome_advantage(
+    token_level_rewards: ArrayLike,
+    response_mask: ArrayLike,
+    index: ArrayLike,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    num_groups: int | None = None,
+    **kwargs: object,
+) -> Pair:
+    """Pass@k advantage: only the best sample of a group gets a nonzero advantage,
+
+        A_best = (s_max - s_second_max) [/ (std_g + epsilon)],   A_other = 0
+
+    (ties: the lowest batch index is "best"). Needs >= 2 samples per group; verl raises
+    otherwise, we raise when `index` is concrete and give 0 under `jit`. Sources: Chen et
+    al. 2025, "Pass@k Training...", arXiv:2503.19595 (as cited by verl);
+    verl `compute_grpo_passk_outcome_advantage`.
+    """
+    idx = _index(index)
+    g = _num_groups(idx, num_groups)
+    if not isinstance(index, jax.core.Tracer):
+        counts = np.bincount(np.asarray(index).astype(np.int64), minlength=g)
+        if np.any((counts > 0) & (counts < 2)):
+            raise ValueError("grpo_passk needs at least 2 samples in every group")
+    scores = _scores(token_level_rewards)
+    batch = jnp.arange(scores.shape[0])
+    r_max = jax.ops.segment_max(scores, idx, num_segments=g)[idx]
+    first_best = jax.ops.segment_min(jnp.where(scores == r_max, batch, scores.shape[0]), idx, num_segments=g)
+    is_best = batch == first_best[idx]
+    r_second = jax.ops.segment_max(jnp.where(is_best, -jnp.inf, scores), idx, num_segments=g)[idx]
+    gap = jnp.where(jnp.isfinite(r_second), r_max - r_second, 0.0)
+    if norm_adv_by_std_in_grpo:
+        gap = gap / (group_mean_std(scores, idx, g)[1] + epsilon)
+    adv = _broadcast(jnp.where(is_best, gap, 0.0), response_mask)
+    return adv, adv
+
+
+@register_adv_est("rloo")
+def compute_rloo_outcome_advantage(
+    token_level_rewards: ArrayLike,
+    response_mask: ArrayLike,
+    index: ArrayLike,
+    num_groups: int | None = None,
+    **kwargs: object,
+) -> Pair:
+    """RLOO: leave-one-out baseline,  A_i = s_i - (sum_{j in g, j != i} s_j) / (n - 1)
+    = n/(n-1) (s_i - mean_g); a single-sample group keeps A_i = s_i (verl).
+
+    Sources: Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740; verl
+    `compute_rloo_outcome_advantage`.
+    """
+    scores = _scores(token_level_rewards)
+    n = group_count(index, num_groups)
+    others = (group_sum(scores, index, num_groups) - scores) / jnp.maximum(n - 1.0, 1.0)
+    adv = jnp.where(n > 1, scores - others, scores)
+    adv = _broadcast(adv, response_mask)
+    return adv, adv
+
+
+@register_adv_est("opo")
+def compute_opo_outcome_advantage(
+    token_level_rewards: ArrayLike,
+    response_mask: ArrayLike,
+    index: ArrayLike,
+    num_groups: int | None = None,
+    **kwargs: object,
+) -> Pair:
+    """OPO: length-weighted group baseline,  A_i = s_i - sum_g(|y_j| s_j) / sum_g |y_j|
+    (baseline 0 for a single-sample group, verl).
+
+    |y_j| = number of response tokens. Sources: Hao et al. 2025, "On-Policy RL with Optimal
+    Reward Baseline", arXiv:2505.23585; verl `compute_opo_outcome_advantage`.
+    """
+    scores = _scores(token_level_rewards)
+    lengths = jnp.sum(as_float(response_mask).astype(jnp.float32), axis=-1)
+    baseline = safe_divide(group_sum(lengths * scores, index, num_groups), group_sum(lengths, index, num_groups))
+    adv = scores - jnp.where(group_count(index, num_groups) > 1, baseline, 0.0)
+    adv = _broadcast(adv, response_mask)
+    return adv, adv
+
+
+@register_adv_est("gpg")
+def compute_gpg_outcome_advantage(
+    token_level_rewards: ArrayLike,
+    response_mask: ArrayLike,
+    index: ArrayLike,
+    f_norm: float = 1.0,
+    num_groups: int | None = None,
+    **kwargs: object,
+) -> Pair:
+    """GPG advantage:  A_i = alpha (s_i - mean_g) / f_norm,  alpha = B / max(#{i: s_i != 0}, 1).
+
+    alpha rescales the batch gradient for samples with a zero score (as verl, which computes
+    alpha this way whatever `alpha` argument it is given). Sources: Chu et al. 2025,
+    arXiv:2504.02546; verl `compute_gpg_outcome_advantage`.
+    """
+    scores = _scores(token_level_rewards)
+    mean, _ = group_mean_std(scores, index, num_groups)
+    alpha = scores.shape[0] / jnp.maximum(jnp.sum(scores != 0), 1)
+    adv = _broadcast(alpha * (scores - mean) / f_norm, response_mask)
+    return adv, adv
+
+
+# --------------------------------------------------------------------------- returns-based
+
+
+def discounted_returns(token_level_rewards: ArrayLike, response_mask: ArrayLike, gamma: float = 1.0) -> jax.Array:
+    """G_t = r_t + gamma G_{t+1}, with G_{t+1} reset to 0 after a masked position (EOS).
+
+    Following verl's REINFORCE++: the running return is multiplied by m_t after each step,
+    so nothing flows backwards across a masked position.
+    """
+    rewards = as_float(token_level_rewards).astype(jnp.float32)
+    mask = as_float(response_mask).astype(jnp.float32)
+
+    def step(running: jax.Array, xs: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        r, m = xs
+        ret = r + gamma * running
+        return ret * m, ret
+
+    _, returns_t = jax.lax.scan(step, jnp.zeros(rewards.shape[:1], jnp.float32), (rewards.T, mask.T), reverse=True)
+    return returns_t.T
+
+
+@register_adv_est("reinforce_plus_plus")
+def compute_reinforce_plus_plus_outcome_advantage(
+    token_level_rewards: ArrayLike,
+    response_mask: ArrayLike,
+    gamma: float = 1.0,
+    **kwargs: object,
+) -> Pair:
+    """REINFORCE++:  A = masked_whiten(G) * m, with G the discounted return (batch whitening).
+
+    Sources: Hu 2025, arXiv:2501.03262; verl `compute_reinforce_plus_plus_outcome_advantage`.
+    """
+    mask = as_float(response_mask).astype(jnp.float32)
+    returns = discounted_returns(token_level_rewards, mask, gamma)
+    return masked_whiten(returns, mask) * mask, returns
+
+
+@register_adv_est("reinforce_plus_plus_baseline")
+def compute_reinforce_plus_plus_baseline_outcome_advantage(
+    token_level_rewards: ArrayLike,
+    response_mask: ArrayLike,
+    index: ArrayLike,
+    num_groups: int | None = None,
+    **kwargs: object,
+) -> Pair:
+    """REINFORCE++-baseline:  A = masked_whiten((s_i - mean_g) m) * m  (group mean, then
+    batch whitening). Sources: Hu 2025, arXiv:2501.03262; verl
+    `compute_reinforce_plus_plus_baseline_outcome_advantage`.
+    """
+    mask = as_float(response_mask).astype(jnp.float32)
+    scores = _scores(token_level_rewards)
+    mean, _ = group_mean_std(scores, index, num_groups)
+    adv = masked_whiten(_broadcast(scores - mean, mask), mask) * mask
+    return adv, adv
+
+
+@register_adv_est("remax")
+def compute_remax_outcome_advantage(
+    token_level_rewards: ArrayLike,
+    reward_baselines: ArrayLike,
+    response_mask: ArrayLike,
+    **kwargs: object,
+) -> Pair:
+    """ReMax:  G_t = sum_{t' >= t} m r,  A_t = G_t - b m_t  with b the reward of the greedy
+    response (`reward_baselines` [B]). Sources: Li et al. 2023, arXiv:2310.10505; verl
+    `compute_remax_outcome_advantage`.
+    """
+    mask = as_float(response_mask).astype(jnp.float32)
+    rewards = as_float(token_level_rewards).astype(jnp.float32) * mask
+    returns = jnp.flip(jnp.cumsum(jnp.flip(rewards, -1), axis=-1), -1)
+    adv = returns - as_float(reward_baselines).astype(jnp.float32)[:, None] * mask
+    return adv, returns
+
+
+__all__ = [
+    "compute_dr_grpo_outcome_advantage",
+    "compute_gae_advantage_return",
+    "compute_gpg_outcome_advantage",
+    "compute_grpo_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_opo_outcome_advantage",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_remax_outcome_advantage",
+    "compute_rloo_outcome_advantage",
+    "discounted_returns",
+    "group_count",
+    "group_mean_std",
+    "group_sum",
+]

@@ -1,0 +1,167 @@
+"""Per-token log-probabilities and entropies, aligned with `input_ids` (the label shift
+happens here, once), including a chunked path from hidden states that never materialises
+the [B, T, vocab] logits.
+
+The data contract (DESIGN.md): a per-token array x [B, T] is aligned with `input_ids`;
+x[:, t] is about token input_ids[:, t] given the tokens before it, so it is computed from
+the model output at position t - 1; x[:, 0] = 0 (the first token has no prediction).
+Masks for such arrays must therefore be 0 at t = 0 (a response never starts at 0).
+
+Log-probabilities use temperature-scaled logits, logits / temperature, as the sampler does.
+All reductions run in float32 whatever the input dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.typing import ArrayLike
+
+from rljax.algos.aggregation import AggTerms, agg_loss_terms, finish_loss
+
+DEFAULT_CHUNK_SIZE = 256  # sequence positions per chunk (all rows at once)
+
+
+def align_next_token(per_position: ArrayLike) -> jax.Array:
+    """Shift a per-position quantity of the *next-token* distribution to input_ids alignment.
+
+    per_position[:, t] is about the distribution at position t (which predicts token t + 1);
+    the result r has r[:, t] = per_position[:, t - 1] and r[:, 0] = 0.
+    """
+    x = jnp.asarray(per_position)
+    return jnp.concatenate([jnp.zeros_like(x[:, :1]), x[:, :-1]], axis=1)
+
+
+def entropy_from_logits(logits: ArrayLike) -> jax.Array:
+    """Entropy of softmax(logits) over the last axis, numerically stable:
+
+        H = logsumexp(z) - sum_v softmax(z)_v z_v
+
+    (verl `torch_functional.entropy_from_logits`). [..., V] -> [...], float32.
+    """
+    z = jnp.asarray(logits).astype(jnp.float32)
+    lse = jax.nn.logsumexp(z, axis=-1)
+    return lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
+
+
+def _target_log_probs(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """log softmax(logits)[target] over the last axis; float32 logits."""
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return picked - lse
+
+
+def token_log_probs(logits: ArrayLike, input_ids: ArrayLike, temperature: float = 1.0) -> jax.Array:
+    """log p(input_ids[t] | input_ids[<t]) from full logits, aligned: [B, T, V] -> [B, T].
+
+    out[:, t] = log_softmax(logits[:, t - 1] / temperature)[input_ids[:, t]],  out[:, 0] = 0
+    """
+    z = jnp.asarray(logits)[:, :-1].astype(jnp.float32) / temperature
+    return jnp.pad(_target_log_probs(z, jnp.asarray(input_ids)[:, 1:]), ((0, 0), (1, 0)))
+
+
+def token_entropy(logits: ArrayLike, temperature: float = 1.0) -> jax.Array:
+    """Entropy of the distribution each token was drawn from, aligned: [B, T, V] -> [B, T]."""
+    return align_next_token(entropy_from_logits(jnp.asarray(logits).astype(jnp.float32) / temperature))
+
+
+def compute_entropy_loss(
+    logits: ArrayLike,
+    response_mask: ArrayLike,
+    loss_agg_mode: str = "token-mean",
+    *,
+    loss_scale_factor: float | None = None,
+    global_denominator: ArrayLike | None = None,
+    return_terms: bool = False,
+) -> jax.Array | AggTerms:
+    """agg(entropy_from_logits(logits)) (verl `compute_entropy_loss`); `logits` [B, T, V]
+    already aligned with `response_mask` (use `token_entropy` for next-token alignment)."""
+    terms = agg_loss_terms(entropy_from_logits(logits), response_mask, loss_agg_mode, loss_scale_factor)
+    return finish_loss(terms, global_denominator, return_terms)
+
+
+def _chunk_stats(
+    hidden: jax.Array, targets: jax.Array, unembed: jax.Array, temperature: float, compute_entropy: bool
+) -> tuple[jax.Array, jax.Array]:
+    """Target log-prob and entropy of a block of positions: hidden [..., H] -> ([...], [...])."""
+    logits = jnp.dot(hidden, unembed.astype(hidden.dtype), preferred_element_type=jnp.float32) / temperature
+    log_probs = _target_log_probs(logits, targets)
+    entropy = entropy_from_logits(logits) if compute_entropy else jnp.zeros_like(log_probs)
+    return log_probs, entropy
+
+
+def log_probs_from_hidden(
+    hidden: ArrayLike,
+    unembed: ArrayLike,
+    input_ids: ArrayLike,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+    compute_entropy: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Aligned token log-probs (and entropies) from final hidden states and the unembedding.
+
+        logits[:, t] = hidden[:, t] @ unembed / temperature     (float32 accumulation)
+        out[:, t]    = log_softmax(logits[:, t - 1])[input_ids[:, t]],   out[:, 0] = 0
+
+    The sequence axis is cut into chunks of `chunk_size` positions (every row at once, so a
+    batch sharded over devices stays sharded and all devices work on every step);
+    `lax.map` walks the chunks and `jax.checkpoint` on the chunk body makes the backward
+    pass recompute a chunk's logits instead of storing them, so neither pass holds more
+    than [B, chunk_size, V] float32 logits at a time (instead of [B, T, V]). Values and
+    gradients equal the unchunked computation (`chunk_size=None`) up to float rounding;
+    the gradient of `unembed` is accumulated over chunks in float32 even for bf16 inputs.
+
+    Args:
+        hidden: [B, T, H] final hidden states (after the final norm), any float dtype.
+        unembed: [H, V] output projection (the transposed embedding when tied).
+        input_ids: [B, T] int token ids.
+        temperature: logits are divided by it (as the sampler does).
+        chunk_size: sequence positions per chunk; None computes all logits at once.
+        compute_entropy: also return the aligned entropies.
+
+    Returns:
+        log_probs [B, T] float32, or (log_probs, entropy) when `compute_entropy`.
+    """
+    hidden = jnp.asarray(hidden)
+    unembed = jnp.asarray(unembed)
+    input_ids = jnp.asarray(input_ids)
+    batch, length, width = hidden.shape
+    # position t predicts token t + 1; the last position's "target" is dropped by the shift
+    targets = jnp.roll(input_ids, -1, axis=1)
+    stats = functools.partial(_chunk_stats, temperature=temperature, compute_entropy=compute_entropy)
+
+    if chunk_size is None or chunk_size >= length:
+        log_probs, entropy = stats(hidden, targets, unembed)
+    else:
+        n_chunks = -(-length // chunk_size)
+        pad = n_chunks * chunk_size - length
+        # [B, T, H] -> [n_chunks, B, chunk, H]: lax.map walks the (unsharded) chunk axis
+        chunks = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(batch, n_chunks, chunk_size, width)
+        chunk_targets = jnp.pad(targets, ((0, 0), (0, pad))).reshape(batch, n_chunks, chunk_size)
+        # The loop closes over an fp32 view of `unembed` (cast back to the compute dtype in the
+        # body), so the backward pass accumulates d(unembed) over chunks in fp32 rather than in
+        # a bf16 carry; in a forward-only program XLA folds the round trip away.
+        unembed_acc = unembed.astype(jnp.promote_types(unembed.dtype, jnp.float32))
+        body = jax.checkpoint(lambda xs: stats(xs[0], xs[1], unembed_acc))
+        log_probs, entropy = jax.lax.map(body, (chunks.swapaxes(0, 1), chunk_targets.swapaxes(0, 1)))
+        log_probs = log_probs.swapaxes(0, 1).reshape(batch, n_chunks * chunk_size)[:, :length]
+        entropy = entropy.swapaxes(0, 1).reshape(batch, n_chunks * chunk_size)[:, :length]
+
+    log_probs = align_next_token(log_probs)
+    if not compute_entropy:
+        return log_probs
+    return log_probs, align_next_token(entropy)
+
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "align_next_token",
+    "compute_entropy_loss",
+    "entropy_from_logits",
+    "log_probs_from_hidden",
+    "token_entropy",
+    "token_log_probs",
+]
