@@ -57,6 +57,7 @@ class DataConfig:
     shuffle: bool = True
     seed: int = 0
     batch_size: int = 8
+    train_batch_size: int | None = None  # verl's name for batch_size; when set, it wins
     val_batch_size: int | None = None
     num_epochs: int | None = None
     messages_key: str = "messages"
@@ -70,6 +71,10 @@ class DataConfig:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     num_threads: int = 0
     prefetch_buffer_size: int = 16
+
+    def __post_init__(self) -> None:
+        if self.train_batch_size is not None:
+            self.batch_size = self.train_batch_size
 
     def validate(self) -> None:
         """Raise `ValueError` naming the first invalid field."""

@@ -1,8 +1,11 @@
 """The jitted train step, shared by every objective.
 
-An objective is a pure function `objective(model, micro_batch, frozen) -> (AggTerms,
-metrics)`: the loss as a numerator and a denominator that are *sums* over the micro-batch
-(see `rljax.algos.aggregation`), and a dict of scalar metrics that are means over it.
+An objective is a pure function `objective(model, micro_batch, frozen, totals) ->
+(AggTerms, metrics)`: the loss as a numerator and a denominator that are *sums* over the
+micro-batch (see `rljax.algos.aggregation`), and a dict of scalar metrics that are means
+over it. `totals` is `totals_fn(mini_batch)` evaluated once on the whole mini-batch (or
+None): global counts an objective that sums several differently normalised terms needs
+(e.g. the RL actor's policy, KL and entropy terms).
 
 The step splits the global mini-batch into `num_micro_batches`, scans over them
 accumulating the gradient of the numerator, the numerator and the denominator, and divides
@@ -73,27 +76,29 @@ def make_train_step(
     state_sharding: Any = None,
     batch_sharding: Any = None,
     frozen_sharding: Any = None,
+    totals_fn: Callable[[dict], Any] | None = None,
 ):
     """Build `step(state, batch, frozen) -> (state, metrics)`, jitted with the given
     shardings and the state donated. `graphdef` is split from the model once, by the
     caller; `frozen` carries arrays that are read but not trained (a reference model)."""
 
-    def micro_step(params, micro_batch, frozen):
+    def micro_step(params, micro_batch, frozen, totals):
         def numerator(p):
-            terms, metrics = objective(nnx.merge(graphdef, p), micro_batch, frozen)
+            terms, metrics = objective(nnx.merge(graphdef, p), micro_batch, frozen, totals)
             return terms.numerator, (terms.denominator, metrics)
 
         (num, (den, metrics)), grads = jax.value_and_grad(numerator, has_aux=True)(params)
         return grads, num, den, metrics
 
     def step(state: TrainState, batch: dict, frozen):
+        totals = totals_fn(batch) if totals_fn is not None else None
         micro = split_micro_batches(batch, num_micro_batches)
         first = jax.tree.map(lambda x: x[0], micro)
-        shapes = jax.eval_shape(micro_step, state.params, first, frozen)
+        shapes = jax.eval_shape(micro_step, state.params, first, frozen, totals)
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
         def body(carry, mb):
-            grads, num, den, metrics = micro_step(state.params, mb, frozen)
+            grads, num, den, metrics = micro_step(state.params, mb, frozen, totals)
             g_acc, n_acc, d_acc, m_acc = carry
             weighted = jax.tree.map(lambda m: m * den, metrics)
             return (

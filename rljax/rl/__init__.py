@@ -1,0 +1,1 @@
+"""RL post-training: PPO, GRPO and relatives (config, rollouts -> batch, objectives, trainer)."""
