@@ -34,6 +34,7 @@ from rljax.data.synthetic_spec import materialize
 from rljax.models.heads import ScalarHeadModel
 from rljax.parallel import data_parallel_size, make_mesh, shard_batch, state_shardings
 from rljax.rewards.manager import RewardManager
+from rljax.rl.agent_rollout import agent_config, agent_generate_and_score
 from rljax.rl.batch import build_batch
 from rljax.rl.config import RLConfig
 from rljax.rl.objectives import actor_objective, aligned_values, critic_objective
@@ -196,6 +197,7 @@ class RLTrainer:
                                        c.ppo_mini_batch_size, c.ppo_micro_batch_size_per_device, c.ppo_epochs,
                                        True, CRITIC_KEYS, cfg.trainer.seed + 1)
             self.values = make_value_fn(self.critic.graphdef)
+        self.agent_config = agent_config(cfg.agent) if cfg.agent else None
         self.kl_ctrl = get_kl_controller(alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl, alg.kl_ctrl.horizon)
         self.advantage_fn = get_adv_estimator_fn(alg.adv_estimator)
 
@@ -224,7 +226,7 @@ class RLTrainer:
         params = sampling_params(cfg, seed)
 
         def generate_round(prompts, offset):
-            return generate_and_score(self.sampler.generate, self.rewards, self.tokenizer, prompts, params, cfg, offset)
+            return self.generate_round(prompts, params, offset)
 
         with timer("gen"):
             if cfg.algorithm.filter_groups.enable:
@@ -235,13 +237,21 @@ class RLTrainer:
                 rollout = generate_round(prompts, 0)
                 if cfg.algorithm.adv_estimator == "remax":  # greedy baseline per prompt
                     greedy = dataclasses.replace(params, n=1, temperature=0.0)
-                    base = generate_and_score(self.sampler.generate, self.rewards, self.tokenizer, prompts,
-                                              greedy, cfg)
+                    base = self.generate_round(prompts, greedy, 0)
                     baselines = {s.group_id: s.score for s in base.samples}
                     rollout.metrics["critic/reward_baseline/mean"] = float(np.mean(list(baselines.values())))
                     for s in rollout.samples:
                         s.baseline = baselines[s.group_id]
         return rollout
+
+    def generate_round(self, prompts: dict[str, list], params, offset: int) -> ScoredRollout:
+        """One round of sampling and scoring: single-turn, or agent episodes when the
+        config has an `agent` section."""
+        if self.agent_config is not None:
+            return agent_generate_and_score(self.sampler, self.rewards, self.tokenizer, prompts, params,
+                                            self.agent_config, offset)
+        return generate_and_score(self.sampler.generate, self.rewards, self.tokenizer, prompts, params, self.cfg,
+                                  offset)
 
     def make_batch(self, rollout: ScoredRollout, timer: Timer) -> dict[str, np.ndarray]:
         cfg = self.cfg
@@ -333,8 +343,7 @@ class RLTrainer:
         for prompts in make_dataset(dataclasses.replace(cfg.data, shuffle=False), self.tokenizer, "val"):
             if not prompts["prompt_ids"]:
                 continue
-            rollout = generate_and_score(self.sampler.generate, self.rewards, self.tokenizer, prompts, params, cfg,
-                                         offset)
+            rollout = self.generate_round(prompts, params, offset)
             offset += len(prompts["prompt_ids"])
             records += rollout.records
         return validation_metrics(records)

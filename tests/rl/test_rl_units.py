@@ -1,0 +1,46 @@
+"""RL pieces without a model: the batch builder and DAPO's dynamic sampling."""
+
+import numpy as np
+
+from rljax.rl.batch import Sample, build_batch
+from rljax.rl.rollout import ScoredRollout, dynamic_sampling, keep_informative_groups
+
+
+def test_build_batch_follows_the_data_contract():
+    samples = [
+        Sample([5, 6], [7, 8, 9], [1, 1, 1], [-0.1, -0.2, -0.3], group_id=0, score=1.0),
+        # multi-turn: a tool observation (mask 0) between two sampled spans
+        Sample([5], [7, 3, 3, 8], [1, 0, 0, 1], [-0.5, 0.0, 0.0, -0.7], group_id=1, score=0.5),
+    ]
+    batch = build_batch(samples, bucket=4, max_length=16, pad_id=0)
+    assert batch["input_ids"].shape == (2, 8)  # 5 tokens -> bucket of 4 -> 8
+    np.testing.assert_array_equal(batch["input_ids"][0], [5, 6, 7, 8, 9, 0, 0, 0])
+    np.testing.assert_array_equal(batch["response_mask"][1], [0, 1, 0, 0, 1, 0, 0, 0])
+    np.testing.assert_allclose(batch["rollout_log_probs"][0], [0, 0, -0.1, -0.2, -0.3, 0, 0, 0], atol=1e-7)
+    # the outcome score sits on the last token the policy produced
+    np.testing.assert_array_equal(batch["token_level_scores"][0], [0, 0, 0, 0, 1.0, 0, 0, 0])
+    np.testing.assert_array_equal(batch["token_level_scores"][1], [0, 0, 0, 0, 0.5, 0, 0, 0])
+    np.testing.assert_array_equal(batch["group_ids"], [0, 1])
+
+
+def _round(scores_per_group, offset):
+    samples = [Sample([1], [2], [1], [0.0], group_id=offset + g, score=s)
+               for g, scores in enumerate(scores_per_group) for s in scores]
+    return ScoredRollout(samples, {"reward/errors": 0.0}, [])
+
+
+def test_dynamic_sampling_fills_the_batch_with_informative_groups():
+    # round 1: groups 0 and 2 informative; round 2: only group 1 informative
+    rounds = iter([[[1, 0], [1, 1], [0, 1]], [[0, 0], [1, 0], [1, 1]]])
+    out = dynamic_sampling(lambda: None, lambda prompts, offset: _round(next(rounds), offset), num_groups=3,
+                           max_rounds=4)
+    kept, dropped = keep_informative_groups(out.samples)
+    assert len(out.samples) == 6 and len(kept) == 3 and not dropped
+    assert out.metrics["train/num_gen_batches"] == 2 and out.metrics["train/filter_groups_underfilled"] == 0
+
+
+def test_dynamic_sampling_tops_up_when_rounds_run_out():
+    out = dynamic_sampling(lambda: None, lambda prompts, offset: _round([[1, 1], [0, 1]], offset), num_groups=2,
+                           max_rounds=1)
+    assert len(out.samples) == 4  # shape kept: 1 informative group + 1 uninformative filler
+    assert out.metrics["train/filter_groups_underfilled"] == 1
