@@ -1,0 +1,249 @@
+"""Run a reward function on many items in worker processes, with a per-item timeout.
+
+A Python thread that hangs cannot be killed, a process can. `ScoringPool` scores items in
+a `concurrent.futures.ProcessPoolExecutor` (``forkserver`` context where available, else
+``spawn``: never ``fork``, which would copy the parent's JAX threads):
+
+* the reward function is pickled once and loaded by each worker's initializer;
+* at most `num_workers` items are in flight, so every submitted item runs at once and its
+  clock (started at submission) measures its own run time;
+* an item still running after `timeout_s` is a *timeout*: the pool's processes are
+  terminated (killed if they ignore SIGTERM), a fresh pool is started, and the other
+  items that were in flight are resubmitted;
+* an exception in the reward function is caught in the worker and returned as an *error*;
+* a worker that dies (``os._exit``, segfault, OOM kill) breaks the pool: its in-flight
+  items are rerun one at a time in a fresh pool, so only the item that kills a worker on
+  its own is an error.
+
+A (re)started pool initialises all its workers (imports the reward function's module)
+before it takes items, so import time never counts toward an item's timeout.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import pickle
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+from rljax.rewards.result import read_score
+
+Status = Literal["ok", "error", "timeout"]
+MAX_MESSAGE_CHARS = 1000
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One item's result: its score and extra fields, or why it has none."""
+
+    status: Status
+    score: float = 0.0
+    extras: dict[str, Any] | None = None
+    message: str | None = None
+
+
+def score_item(fn: Callable[..., Any], item: Mapping[str, Any]) -> Outcome:
+    """Call `fn` with verl's keyword arguments; exceptions become an error `Outcome`."""
+    try:
+        result = fn(
+            data_source=item["data_source"],
+            solution_str=item["solution_str"],
+            ground_truth=item["ground_truth"],
+            extra_info=item.get("extra_info"),
+        )
+        score, extras = read_score(result)
+        return Outcome("ok", score, extras)
+    except Exception as e:  # noqa: BLE001 — containment is the point
+        return Outcome("error", message=f"{type(e).__name__}: {e}"[:MAX_MESSAGE_CHARS])
+
+
+# ---- worker side -----------------------------------------------------------------------
+
+_WORKER_FN: Callable[..., Any] | None = None
+_BARRIER: Any = None
+
+
+def _init_worker(fn_bytes: bytes, barrier: Any) -> None:
+    global _WORKER_FN, _BARRIER
+    _WORKER_FN = pickle.loads(fn_bytes)
+    _BARRIER = barrier
+    load = getattr(_WORKER_FN, "load", None)  # e.g. FileRewardFn: import its file now
+    if callable(load):
+        load()
+
+
+def _run(item: Mapping[str, Any]) -> Outcome:
+    assert _WORKER_FN is not None, "reward worker was not initialised"
+    return score_item(_WORKER_FN, item)
+
+
+def _warm(timeout_s: float) -> int:
+    """Wait until every worker of the pool runs one of these: the pool then holds
+    `num_workers` initialised processes (they are spawned on demand, one per task that
+    finds no idle worker)."""
+    assert _WORKER_FN is not None and _BARRIER is not None
+    _BARRIER.wait(timeout_s)
+    return os.getpid()
+
+
+# ---- parent side -----------------------------------------------------------------------
+
+
+def default_context() -> str:
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+class ScoringPool:
+    """Worker processes that score items with one reward function (see module docstring)."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        num_workers: int = 2,
+        timeout_s: float = 10.0,
+        mp_context: str | None = None,
+        startup_timeout_s: float = 120.0,
+    ):
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        try:
+            self._fn_bytes = pickle.dumps(fn)
+        except Exception as e:
+            raise TypeError(
+                f"the reward function {fn!r} cannot be pickled to worker processes ({type(e).__name__}: {e}); "
+                "use a module-level function, a FileRewardFn (custom_reward_function.path), "
+                "or RewardManager(mode='inline')"
+            ) from e
+        self.num_workers = num_workers
+        self.timeout_s = float(timeout_s)
+        self.context_name = mp_context or default_context()
+        if self.context_name == "fork":
+            raise ValueError("mp_context='fork' is unsafe with JAX's threads; use 'forkserver' or 'spawn'")
+        self._context = multiprocessing.get_context(self.context_name)
+        self.startup_timeout_s = startup_timeout_s
+        self._executor: ProcessPoolExecutor | None = None
+        self.restarts = 0  # pools replaced after a timeout or a dead worker
+        self._start()
+
+    # -- pool lifecycle --
+
+    def _start(self) -> None:
+        self._executor = ProcessPoolExecutor(
+            max_workers=self.num_workers,
+            mp_context=self._context,
+            initializer=_init_worker,
+            initargs=(self._fn_bytes, self._context.Barrier(self.num_workers)),
+        )
+        try:
+            # Start and initialise every worker now, so that no item's clock runs while
+            # a worker is still importing.
+            warm = [self._executor.submit(_warm, self.startup_timeout_s) for _ in range(self.num_workers)]
+            pids = {f.result(timeout=self.startup_timeout_s) for f in warm}
+            if len(pids) != self.num_workers:
+                raise RuntimeError(f"expected {self.num_workers} distinct workers, got pids {sorted(pids)}")
+        except Exception as e:
+            self._kill()
+            raise RuntimeError(
+                f"reward worker processes failed to start and load the reward function "
+                f"({type(e).__name__}: {e}); see the worker's traceback above"
+            ) from e
+
+    def _kill(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        processes = list((getattr(executor, "_processes", None) or {}).values())
+        for p in processes:
+            if p.is_alive():
+                p.terminate()
+        executor.shutdown(wait=False, cancel_futures=True)
+        for p in processes:
+            p.join(timeout=2.0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2.0)
+
+    def _restart(self) -> None:
+        self._kill()
+        self.restarts += 1
+        self._start()
+
+    def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "ScoringPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- scoring --
+
+    def _submit(self, item: Mapping[str, Any]) -> Future:
+        assert self._executor is not None
+        try:
+            return self._executor.submit(_run, item)
+        except BrokenProcessPool:  # a worker died between items: nothing was lost
+            self._restart()
+            return self._executor.submit(_run, item)
+
+    def map(self, items: Sequence[Mapping[str, Any]]) -> list[Outcome]:
+        """One `Outcome` per item, in order."""
+        if self._executor is None:
+            raise RuntimeError("the scoring pool is closed")
+        outcomes: list[Outcome | None] = [None] * len(items)
+        queue = collections.deque(range(len(items)))
+        suspects: collections.deque[int] = collections.deque()  # rerun alone after a worker died
+        inflight: dict[Future, tuple[int, float, bool]] = {}  # future -> (index, start, alone)
+
+        while queue or suspects or inflight:
+            if suspects:
+                if not inflight:
+                    i = suspects.popleft()
+                    inflight[self._submit(items[i])] = (i, time.monotonic(), True)
+            else:
+                while queue and len(inflight) < self.num_workers:
+                    i = queue.popleft()
+                    inflight[self._submit(items[i])] = (i, time.monotonic(), False)
+
+            deadline = min(start for _, start, _ in inflight.values()) + self.timeout_s
+            done, _ = wait(list(inflight), timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+            broken = False
+            for future in done:
+                i, _, alone = inflight.pop(future)
+                try:
+                    outcomes[i] = future.result()
+                except BrokenProcessPool:
+                    broken = True
+                    if alone:
+                        outcomes[i] = Outcome("error", message="the reward worker process died while scoring this item")
+                    else:
+                        suspects.append(i)
+                except Exception as e:  # e.g. an unpicklable item or result
+                    outcomes[i] = Outcome("error", message=f"{type(e).__name__}: {e}"[:MAX_MESSAGE_CHARS])
+
+            now = time.monotonic()
+            expired = [f for f, (_, start, _) in inflight.items() if now - start >= self.timeout_s]
+            for future in expired:
+                i, _, _ = inflight.pop(future)
+                outcomes[i] = Outcome("timeout", message=f"no result within timeout_s={self.timeout_s:g}")
+            if expired or broken:
+                # The other in-flight items die with the pool: rerun them.
+                for i, _, alone in inflight.values():
+                    if broken and not alone:
+                        suspects.append(i)
+                    else:
+                        queue.appendleft(i)
+                inflight.clear()
+                self._restart()
+
+        return [o for o in outcomes if o is not None]
