@@ -1,28 +1,39 @@
 """Meshes and shardings: one mesh with axes (data, fsdp, tensor), one rules table.
 
-Every parameter carries logical axis names (`logical_axes` metadata on its `nnx.Param`);
-`LOGICAL_RULES` maps each logical axis to mesh axes. Batches are split over
-`("data", "fsdp")` on their leading dimension. A layout that does not divide fails here,
-at start-up, with the tensor, its size and the mesh in the message.
+Conventions
+- Mesh axes, outermost first: `data` (pure data parallel: params replicated across it),
+  `fsdp` (data parallel whose params, gradients and optimizer state are split across it,
+  ZeRO-3 style), `tensor` (heads / MLP columns / vocab split across it). `MeshConfig`
+  gives their sizes; one may be -1 (filled from the device count).
+- Every parameter carries logical axis names (`logical_axes` metadata on its
+  `nnx.Param`); `LOGICAL_RULES` maps each logical axis to mesh axes. Parameters,
+  optimizer state, gradients, batches and activation constraints all read this one table.
+- Batches are split over `("data", "fsdp")` on their leading dimension. Activations keep
+  `embed` unsplit (`act_embed`); their batch dimension is split like the batch.
+- A layout that does not divide fails here, at start-up, with the tensor, its size and
+  the mesh in the message (`ShardingError`).
+- Meshes use `AxisType.Auto` (classic GSPMD propagation). `constrain` is a no-op unless
+  a mesh is active (`with jax.set_mesh(mesh):`), so model code can call it everywhere.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
+import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
 # logical axis -> mesh axis (or tuple of axes, or None = replicated)
 LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
-    "batch": BATCH_AXES,
-    "length": None,
+    # parameters
     "vocab": "tensor",
     "embed": "fsdp",
     "mlp": "tensor",
@@ -30,7 +41,13 @@ LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     "kv_heads": "tensor",
     "head_dim": None,
     "layers": None,
+    # activations (with `mlp`, `heads`, `kv_heads`, `head_dim`, `vocab` as above)
+    "batch": BATCH_AXES,
+    "length": None,
+    "act_embed": None,
 }
+
+AnyMesh = Mesh | AbstractMesh
 
 
 class ShardingError(ValueError):
@@ -49,6 +66,8 @@ class MeshConfig:
         dims = [self.data, self.fsdp, self.tensor]
         if dims.count(-1) > 1:
             raise ShardingError(f"mesh {dims}: at most one of data/fsdp/tensor may be -1")
+        if any(d == 0 or d < -1 for d in dims):
+            raise ShardingError(f"mesh data={dims[0]} fsdp={dims[1]} tensor={dims[2]}: sizes must be >= 1 or -1")
         known = math.prod(d for d in dims if d != -1)
         if -1 in dims:
             if num_devices % known:
@@ -62,35 +81,55 @@ class MeshConfig:
         return tuple(dims)
 
 
+_AUTO = (AxisType.Auto,) * len(MESH_AXES)
+
+
 def make_mesh(config: MeshConfig, devices=None) -> Mesh:
+    """The concrete mesh over `devices` (default: every device of every process)."""
     devices = list(devices if devices is not None else jax.devices())
     shape = config.shape(len(devices))
-    auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-    return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
+    return jax.make_mesh(shape, MESH_AXES, axis_types=_AUTO, devices=devices)
 
 
-def _mesh_desc(mesh: Mesh) -> str:
+def abstract_mesh(config: MeshConfig, num_devices: int) -> AbstractMesh:
+    """The mesh's shape without devices: for planning a run larger than this machine."""
+    return AbstractMesh(config.shape(num_devices), MESH_AXES, axis_types=_AUTO)
+
+
+def mesh_desc(mesh: AnyMesh) -> str:
     return "mesh(" + ", ".join(f"{k}={v}" for k, v in mesh.shape.items()) + ")"
 
 
-def logical_to_spec(logical_axes, shape, mesh: Mesh, name: str = "tensor") -> P:
-    """PartitionSpec for a tensor with the given logical axes, checked for divisibility."""
+def _mesh_group(axis: str | None, mesh: AnyMesh) -> tuple[str, ...]:
+    """The mesh axes (of size > 1) a logical axis is split over."""
+    mesh_axes = LOGICAL_RULES.get(axis) if axis else None
+    if mesh_axes is None:
+        return ()
+    group = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
+    return tuple(a for a in group if mesh.shape.get(a, 1) > 1)
+
+
+def logical_to_spec(logical_axes, shape, mesh: AnyMesh, name: str = "tensor", strict: bool = True) -> P:
+    """PartitionSpec for a tensor with the given logical axes, checked for divisibility.
+
+    `strict=False` (activations) replicates a dimension that does not divide instead of
+    raising."""
+    if len(logical_axes) != len(shape):
+        raise ShardingError(f"{name}: {len(logical_axes)} logical axes {tuple(logical_axes)} for shape {tuple(shape)}")
     spec = []
     for axis, size in zip(logical_axes, shape):
-        mesh_axes = LOGICAL_RULES.get(axis) if axis else None
-        if mesh_axes is None:
-            spec.append(None)
-            continue
-        group = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
-        group = tuple(a for a in group if mesh.shape[a] > 1)
+        group = _mesh_group(axis, mesh)
         if not group:
             spec.append(None)
             continue
         ways = math.prod(mesh.shape[a] for a in group)
         if size % ways:
+            if not strict:
+                spec.append(None)
+                continue
             raise ShardingError(
                 f"{name}: dimension {axis!r} of size {size} is not divisible by {ways} "
-                f"(mesh axes {group}) on {_mesh_desc(mesh)}"
+                f"(mesh axes {group}) on {mesh_desc(mesh)}"
             )
         spec.append(group[0] if len(group) == 1 else group)
     return P(*spec)
@@ -100,39 +139,43 @@ def _is_variable(x) -> bool:
     return isinstance(x, nnx.Variable)
 
 
-def state_shardings(state, mesh: Mesh):
-    """A tree like `state` (an nnx.State of Variables) whose leaves are NamedShardings."""
+def _path_name(path) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def state_shardings(state, mesh: AnyMesh):
+    """A tree like `state` (an nnx.State of Variables) whose leaves are NamedShardings.
+    Works on concrete and abstract (`nnx.eval_shape`) state alike."""
 
     def one(path, var):
         axes = var.get_metadata().get("logical_axes")
         shape = var.get_value().shape
         if axes is None:
             axes = (None,) * len(shape)
-        name = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
-        return var.replace(NamedSharding(mesh, logical_to_spec(axes, shape, mesh, name)))
+        return var.replace(NamedSharding(mesh, logical_to_spec(axes, shape, mesh, _path_name(path))))
 
     return jax.tree_util.tree_map_with_path(one, state, is_leaf=_is_variable)
 
 
-def replicated(mesh: Mesh) -> NamedSharding:
+def replicated(mesh: AnyMesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
+def batch_sharding(mesh: AnyMesh) -> NamedSharding:
     """Leading (batch) dimension over data x fsdp, the rest replicated."""
     return NamedSharding(mesh, P(BATCH_AXES))
 
 
-def data_parallel_size(mesh: Mesh) -> int:
+def data_parallel_size(mesh: AnyMesh) -> int:
     return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
-def check_batch(batch_size: int, mesh: Mesh, name: str = "batch") -> None:
+def check_batch(batch_size: int, mesh: AnyMesh, name: str = "batch") -> None:
     ways = data_parallel_size(mesh)
     if batch_size % ways:
         raise ShardingError(
             f"{name} of size {batch_size} is not divisible by the data-parallel size {ways} "
-            f"(data x fsdp) of {_mesh_desc(mesh)}"
+            f"(data x fsdp) of {mesh_desc(mesh)}"
         )
 
 
@@ -146,4 +189,115 @@ def shard_batch(batch: dict, mesh: Mesh) -> dict:
         global_shape = (value.shape[0] * jax.process_count(), *value.shape[1:])
         check_batch(global_shape[0], mesh, name=f"batch[{key!r}]")
         out[key] = jax.make_array_from_process_local_data(sharding, value, global_shape)
+    return out
+
+
+# ---- activations -----------------------------------------------------------------------
+
+
+def _active_mesh():
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
+        return None
+    return mesh
+
+
+def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+    """Pin an activation's layout by logical axis names, e.g.
+    `constrain(h, ("batch", "length", "act_embed"))`.
+
+    A no-op when no mesh is active (`jax.set_mesh`) or the active mesh is not a
+    (data, fsdp, tensor) mesh, so model code may call it unconditionally. Dimensions that
+    do not divide stay replicated."""
+    mesh = _active_mesh()
+    if mesh is None:
+        return x
+    spec = logical_to_spec(tuple(logical_axes), x.shape, mesh, "activation", strict=False)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def gather_weight(w: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+    """A parameter (or one layer's slice of it) as the forward pass uses it under FSDP:
+    its layout by the rules with the `fsdp` axis dropped, so XLA all-gathers the weight
+    (ZeRO-3) right before use instead of moving activations. Tensor-parallel splits stay.
+    A no-op without an active mesh, like `constrain`."""
+    mesh = _active_mesh()
+    if mesh is None:
+        return w
+    spec = logical_to_spec(tuple(logical_axes), w.shape, mesh, "weight", strict=False)
+    kept = []
+    for entry in spec:
+        axes = () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+        axes = tuple(a for a in axes if a != "fsdp")
+        kept.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return jax.lax.with_sharding_constraint(w, NamedSharding(mesh, P(*kept)))
+
+
+# ---- sharded creation ------------------------------------------------------------------
+
+
+def sharded_init(create: Callable[[], nnx.Module], mesh: AnyMesh) -> nnx.Module:
+    """Build `create()` directly in its sharded layout: shapes come from `nnx.eval_shape`
+    (no memory), then one jitted call materialises every parameter with its
+    `out_shardings`, so no device ever holds more than its shards. Random values do not
+    depend on the mesh (JAX's random bits are defined independently of sharding)."""
+    abstract = nnx.eval_shape(create)
+    graphdef, abstract_state = nnx.split(abstract)
+    shardings = state_shardings(abstract_state, mesh)
+    state = jax.jit(lambda: nnx.split(create())[1], out_shardings=shardings)()
+    return nnx.merge(graphdef, state)
+
+
+def optimizer_shardings(optimizer: optax.GradientTransformation, param_shardings, mesh: AnyMesh):
+    """Shardings for `optimizer.init(params)`: every parameter-shaped part (AdamW's mu
+    and nu) takes its parameter's sharding, the rest (step counts) is replicated.
+
+    Pass these as `out_shardings` when initialising the optimizer: inside `jit` the
+    zeros optax creates do not inherit the parameters' sharding on their own (XLA
+    replicates them)."""
+    placeholders = jax.tree.map(lambda s: jax.ShapeDtypeStruct((), np.float32), param_shardings)
+    return optax.tree_map_params(
+        optimizer,
+        lambda _, sharding: sharding,
+        jax.eval_shape(optimizer.init, placeholders),
+        param_shardings,
+        transform_non_params=lambda _: replicated(mesh),
+    )
+
+
+# ---- memory accounting -----------------------------------------------------------------
+
+
+def shard_shape(shape: Sequence[int], spec: P, mesh: AnyMesh) -> tuple[int, ...]:
+    """The per-device block of a tensor of `shape` laid out by `spec` (ceil division)."""
+    out = []
+    for i, size in enumerate(shape):
+        entry = spec[i] if i < len(spec) else None
+        axes = () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+        ways = math.prod(mesh.shape[a] for a in axes)
+        out.append(-(-size // ways))
+    return tuple(out)
+
+
+def planned_bytes(shapes, shardings) -> int:
+    """Bytes one device holds of a tree of shapes (anything with .shape and .dtype)
+    laid out by a matching tree of NamedShardings."""
+    leaves = jax.tree.leaves(shapes)
+    layouts = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+    if len(leaves) != len(layouts):
+        raise ValueError(f"{len(leaves)} shapes but {len(layouts)} shardings")
+    total = 0
+    for s, sh in zip(leaves, layouts):
+        total += math.prod(shard_shape(s.shape, sh.spec, sh.mesh)) * np.dtype(s.dtype).itemsize
+    return total
+
+
+def measured_bytes(tree) -> dict[Any, int]:
+    """Bytes each addressable device actually holds of a tree of jax.Arrays (read from
+    the arrays' `addressable_shards`)."""
+    out: dict[Any, int] = {}
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array):
+            for shard in leaf.addressable_shards:
+                out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
     return out

@@ -2,9 +2,13 @@
 
     synthetic:arithmetic/sft?n=2000&seed=0&digits=2
 
-names a synthetic task (`rljax.data.synthetic`), a row format (sft | preference | rl) and
-its knobs. Before reading, a run writes each spec once to a JSONL file in its own data
-folder, so configs need no data download and runs stay reproducible.
+names a synthetic task (`rljax.data.synthetic`; the tool-use task ``tool_arithmetic`` of
+`rljax.data.synthetic_tools`), a row format (sft | preference | rl) and its knobs, e.g.
+
+    synthetic:tool_arithmetic/sft?n=4000&seed=0&max_digits=3&tool_fraction=0.5
+
+Before reading, a run writes each spec once to a JSONL file in its own data folder, so
+configs need no data download and runs stay reproducible.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from urllib.parse import parse_qsl
 
 import yaml
 
+from rljax.data import synthetic_tools
 from rljax.data.synthetic import make_rows, write_rows
 
 _SPEC = re.compile(r"^synthetic:(?P<task>[\w-]+)/(?P<format>\w+)(?:\?(?P<query>.*))?$")
@@ -41,8 +46,9 @@ def materialize(files: list[str], directory: str, split: str = "train") -> list[
         digest = hashlib.sha1(path.encode()).hexdigest()[:10]
         target = os.path.join(directory, f"{match['task']}_{match['format']}_{split}_{digest}.jsonl")
         if not os.path.exists(target):
-            rows = make_rows(match["format"], n, seed=seed, task=match["task"], split=split, **knobs)
-            tmp = target + ".tmp.jsonl"
+            make = synthetic_tools.make_rows if match["task"] in synthetic_tools.TASKS else make_rows
+            rows = make(match["format"], n, seed=seed, task=match["task"], split=split, **knobs)
+            tmp = f"{target}.{os.getpid()}.tmp.jsonl"  # processes on one host may race
             write_rows(rows, tmp)
             os.replace(tmp, target)
         out.append(target)

@@ -35,18 +35,26 @@ class CheckpointMismatchError(ValueError):
 # ---- the name-mapping table ------------------------------------------------------------
 
 
+def _identity_slice(read, index):
+    return read(index)
+
+
 @dataclass(frozen=True)
 class Mapping:
     """One rljax parameter <-> one HF tensor name (per layer when `per_layer`).
 
     `to_hf` maps an rljax array (one layer's slice for per-layer params) to the HF layout;
-    `from_hf` is its inverse."""
+    `from_hf` is its inverse. `read_slice(read, index)` is `from_hf(hf_tensor)[index]`
+    computed from a partial read: `index` is a tuple of concrete slices (step 1) into the
+    rljax layout (one layer's), `read(hf_index)` returns that slice of the HF tensor.
+    Sharded loading uses it so a process reads only the bytes its devices hold."""
 
     rljax: tuple[str, ...]  # attribute path on the Decoder
     hf: str  # HF name; "{i}" is the layer index
     to_hf: Callable[[np.ndarray], np.ndarray]
     from_hf: Callable[[np.ndarray], np.ndarray]
     per_layer: bool
+    read_slice: Callable[[Callable[[tuple], np.ndarray], tuple], np.ndarray] = _identity_slice
 
 
 def _identity(a):
@@ -57,24 +65,58 @@ def _transpose(a):
     return a.T
 
 
+# Slice readers (see `Mapping.read_slice`): which HF rows/columns an rljax block needs.
+
+
+def _transpose_slice(read, index):
+    return read(index[::-1]).T
+
+
+def _head_rows(heads: slice, head_dim: int) -> slice:
+    """HF rows (flattened heads*head_dim) that hold the heads `heads`."""
+    return slice(heads.start * head_dim, heads.stop * head_dim)
+
+
 def _in_proj(heads: int, head_dim: int):
     """HF Linear weight [heads*head_dim, hidden] <-> rljax [hidden, heads, head_dim]."""
+
+    def read_slice(read, index):
+        e, h, d = index
+        block = read((_head_rows(h, head_dim), e))  # [h' * head_dim, e']
+        return block.T.reshape(block.shape[1], h.stop - h.start, head_dim)[:, :, d]
+
     return (
         lambda a: a.reshape(a.shape[0], heads * head_dim).T,
         lambda a: a.T.reshape(-1, heads, head_dim),
+        read_slice,
     )
 
 
 def _out_proj(heads: int, head_dim: int):
     """HF o_proj weight [hidden, heads*head_dim] <-> rljax [heads, head_dim, hidden]."""
+
+    def read_slice(read, index):
+        h, d, e = index
+        block = read((e, _head_rows(h, head_dim)))  # [e', h' * head_dim]
+        return block.T.reshape(h.stop - h.start, head_dim, block.shape[0])[:, d, :]
+
     return (
         lambda a: a.reshape(heads * head_dim, -1).T,
         lambda a: a.T.reshape(heads, head_dim, -1),
+        read_slice,
     )
 
 
 def _head_bias(heads: int, head_dim: int):
-    return (lambda a: a.reshape(heads * head_dim), lambda a: a.reshape(heads, head_dim))
+    def read_slice(read, index):
+        h, d = index
+        return read((_head_rows(h, head_dim),)).reshape(h.stop - h.start, head_dim)[:, d]
+
+    return (lambda a: a.reshape(heads * head_dim), lambda a: a.reshape(heads, head_dim), read_slice)
+
+
+_IDENTITY_LAYOUT = (_identity, _identity, _identity_slice)
+_TRANSPOSE_LAYOUT = (_transpose, _transpose, _transpose_slice)
 
 
 _HF_LAYER_NAMES = {
@@ -107,7 +149,7 @@ def weight_map(config: ModelConfig) -> list[Mapping]:
     The three families share one decoder and so one table; the config decides which
     optional entries (biases, q/k norms, untied head) exist."""
     h, kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    layout: dict[str, tuple[Callable, Callable]] = {
+    layout: dict[str, tuple[Callable, Callable, Callable]] = {
         "q_proj": _in_proj(h, d),
         "k_proj": _in_proj(kv, d),
         "v_proj": _in_proj(kv, d),
@@ -115,18 +157,19 @@ def weight_map(config: ModelConfig) -> list[Mapping]:
         "q_bias": _head_bias(h, d),
         "k_bias": _head_bias(kv, d),
         "v_bias": _head_bias(kv, d),
-        "gate_proj": (_transpose, _transpose),
-        "up_proj": (_transpose, _transpose),
-        "down_proj": (_transpose, _transpose),
+        "gate_proj": _TRANSPOSE_LAYOUT,
+        "up_proj": _TRANSPOSE_LAYOUT,
+        "down_proj": _TRANSPOSE_LAYOUT,
     }
-    table = [Mapping(("embed",), "model.embed_tokens.weight", _identity, _identity, False)]
+    table = [Mapping(("embed",), "model.embed_tokens.weight", _identity, _identity, False, _identity_slice)]
     for name, spec in LAYER_PARAMS.items():
         if spec.present(config):
-            to_hf, from_hf = layout.get(name, (_identity, _identity))
-            table.append(Mapping(("layers", name), f"model.layers.{{i}}.{_HF_LAYER_NAMES[name]}", to_hf, from_hf, True))
-    table.append(Mapping(("final_norm",), "model.norm.weight", _identity, _identity, False))
+            to_hf, from_hf, read_slice = layout.get(name, _IDENTITY_LAYOUT)
+            table.append(Mapping(("layers", name), f"model.layers.{{i}}.{_HF_LAYER_NAMES[name]}", to_hf, from_hf, True,
+                                 read_slice))
+    table.append(Mapping(("final_norm",), "model.norm.weight", _identity, _identity, False, _identity_slice))
     if not config.tie_word_embeddings:
-        table.append(Mapping(("lm_head",), "lm_head.weight", _transpose, _transpose, False))
+        table.append(Mapping(("lm_head",), "lm_head.weight", _transpose, _transpose, False, _transpose_slice))
     return table
 
 
@@ -172,6 +215,10 @@ class SafetensorsReader:
     def get(self, name: str) -> np.ndarray:
         return self._handles[self.file_of[name]].get_tensor(name)
 
+    def get_slice(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """`tensor[index]` read from disk without reading the rest of the tensor."""
+        return self._handles[self.file_of[name]].get_slice(name)[index]
+
 
 def read_config(path: str) -> ModelConfig:
     cfg_path = os.path.join(path, "config.json")
@@ -198,23 +245,8 @@ def _expected_hf_shapes(config: ModelConfig, model: Decoder) -> dict[str, tuple[
     return out
 
 
-def load_hf(
-    path: str,
-    dtype: str = "float32",
-    *,
-    compute_dtype: str | None = None,
-    remat: str = "none",
-    attention: str = "xla",
-) -> Decoder:
-    """Load a local HF checkpoint folder into a `Decoder` with parameters in `dtype`.
-
-    Every tensor is checked against the config before anything is loaded: a missing,
-    unexpected or misshapen tensor raises `CheckpointMismatchError` naming it.
-    """
-    config = read_config(path)
-    policy = DTypePolicy(param_dtype=dtype, compute_dtype=compute_dtype or dtype)
-    model = abstract_model(config, policy=policy, remat=remat, attention=attention)
-    reader = SafetensorsReader(path)
+def _check_checkpoint(path: str, config: ModelConfig, model: Decoder, reader: SafetensorsReader) -> None:
+    """Every tensor present, none unexpected, every shape as the config implies."""
     expected = _expected_hf_shapes(config, model)
     present = {n for n in reader.names() if not _IGNORED_HF.match(n)}
     if config.tie_word_embeddings:
@@ -232,6 +264,26 @@ def load_hf(
             raise CheckpointMismatchError(
                 f"{path}: tensor {name} has shape {reader.shape(name)}, the config implies {shape}"
             )
+
+
+def load_hf(
+    path: str,
+    dtype: str = "float32",
+    *,
+    compute_dtype: str | None = None,
+    remat: str = "none",
+    attention: str = "xla",
+) -> Decoder:
+    """Load a local HF checkpoint folder into a `Decoder` with parameters in `dtype`.
+
+    Every tensor is checked against the config before anything is loaded: a missing,
+    unexpected or misshapen tensor raises `CheckpointMismatchError` naming it.
+    """
+    config = read_config(path)
+    policy = DTypePolicy(param_dtype=dtype, compute_dtype=compute_dtype or dtype)
+    model = abstract_model(config, policy=policy, remat=remat, attention=attention)
+    reader = SafetensorsReader(path)
+    _check_checkpoint(path, config, model, reader)
     np_dtype = jnp.dtype(dtype)
     for m in weight_map(config):
         var = _variable(model, m.rljax)
@@ -242,6 +294,88 @@ def load_hf(
         else:
             stacked = m.from_hf(reader.get(m.hf)).astype(np_dtype)
         var.set_value(jnp.asarray(stacked))
+    return model
+
+
+# ---- sharded reading ---------------------------------------------------------------------
+
+Index = tuple[slice, ...]
+
+
+def _concrete(index: Index, shape: tuple[int, ...]) -> Index:
+    """Slices with explicit start/stop (step 1) for every dimension."""
+    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    out = []
+    for s, n in zip(index, shape):
+        start, stop, step = s.indices(n)
+        if step != 1:
+            raise ValueError(f"strided shard index {s}")
+        out.append(slice(start, stop))
+    return tuple(out)
+
+
+def read_block(reader: SafetensorsReader, m: Mapping, index: Index, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """`rljax_param[index]` in `dtype`, reading only the HF bytes it needs. For a
+    per-layer parameter `index[0]` selects layers (one HF tensor each), the rest is
+    mapped to that tensor's layout by `m.read_slice`."""
+    index = _concrete(index, shape)
+    if not m.per_layer:
+        return np.asarray(m.read_slice(lambda hf_index: reader.get_slice(m.hf, hf_index), index)).astype(dtype)
+    layers, rest = index[0], index[1:]
+    out = np.empty(tuple(s.stop - s.start for s in index), dtype)
+    for k, i in enumerate(range(layers.start, layers.stop)):
+        name = m.hf.format(i=i)
+        out[k] = m.read_slice(lambda hf_index, name=name: reader.get_slice(name, hf_index), rest)
+    return out
+
+
+def read_sharded(reader: SafetensorsReader, m: Mapping, shape: tuple[int, ...], dtype, sharding) -> jax.Array:
+    """One parameter as a global `jax.Array` laid out by `sharding`: this process reads
+    only the blocks its own devices hold, each distinct block once (devices that hold
+    the same block, e.g. across the `data` axis, share one read)."""
+    blocks: dict[tuple, np.ndarray] = {}
+
+    def block(index: Index) -> np.ndarray:
+        key = tuple((s.start, s.stop) for s in _concrete(index, shape))
+        if key not in blocks:
+            blocks[key] = read_block(reader, m, index, shape, dtype)
+        return blocks[key]
+
+    return jax.make_array_from_callback(shape, sharding, block)
+
+
+def load_hf_sharded(
+    path: str,
+    mesh,
+    dtype: str = "float32",
+    *,
+    compute_dtype: str | None = None,
+    remat: str = "none",
+    attention: str = "xla",
+    reader: SafetensorsReader | None = None,
+) -> Decoder:
+    """Load a local HF checkpoint folder straight into its sharded layout on `mesh`
+    (the logical-axis rules of `rljax.parallel`). Each process reads, with safetensors
+    slicing, only the slices its own devices hold, one tensor at a time, so no host
+    ever holds the whole model. Same checks, names and values as `load_hf`.
+
+    `reader` may be passed to instrument reads (tests count the bytes)."""
+    from jax.sharding import NamedSharding
+
+    from rljax.parallel import logical_to_spec
+
+    config = read_config(path)
+    policy = DTypePolicy(param_dtype=dtype, compute_dtype=compute_dtype or dtype)
+    model = abstract_model(config, policy=policy, remat=remat, attention=attention)
+    reader = reader if reader is not None else SafetensorsReader(path)
+    _check_checkpoint(path, config, model, reader)
+    np_dtype = jnp.dtype(dtype)
+    for m in weight_map(config):
+        var = _variable(model, m.rljax)
+        shape = tuple(var.get_value().shape)
+        axes = var.get_metadata().get("logical_axes") or (None,) * len(shape)
+        sharding = NamedSharding(mesh, logical_to_spec(axes, shape, mesh, name="/".join(m.rljax)))
+        var.set_value(read_sharded(reader, m, shape, np_dtype, sharding))
     return model
 
 

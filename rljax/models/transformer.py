@@ -24,6 +24,10 @@ from flax import nnx
 
 from rljax.models.attention import get_attention, segment_mask, segment_positions
 from rljax.models.config import DTypePolicy, ModelConfig, RopeConfig
+from rljax.parallel import constrain, gather_weight
+
+# Logical axes of the residual stream (batch over data x fsdp; see rljax.parallel).
+ACTIVATION = ("batch", "length", "act_embed")
 
 # ---- parameter specs ------------------------------------------------------------------
 
@@ -157,7 +161,10 @@ def attention_inputs(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, conf
     if config.qk_norm:
         q = rms_norm(q, p["q_norm"], config.rms_norm_eps)
         k = rms_norm(k, p["k_norm"], config.rms_norm_eps)
-    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    return (constrain(q, ("batch", "length", "heads", "head_dim")),
+            constrain(k, ("batch", "length", "kv_heads", "head_dim")),
+            constrain(v, ("batch", "length", "kv_heads", "head_dim")))
 
 
 def attention_output_and_mlp(p: dict, x: jax.Array, attn: jax.Array, config: ModelConfig) -> jax.Array:
@@ -174,7 +181,7 @@ def attention_output_and_mlp(p: dict, x: jax.Array, attn: jax.Array, config: Mod
     down = (jax.nn.silu(gate) * up) @ p["down_proj"]
     if config.mlp_bias:
         down = down + p["down_bias"]
-    return x + down
+    return constrain(x + down, ACTIVATION)
 
 
 REMAT_POLICIES: dict[str, Callable | None] = {
@@ -246,12 +253,13 @@ class Decoder(nnx.Module):
     # -- pieces the sampler and the chunked-logprob losses reuse --
 
     def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
-        return self.embed[...][input_ids].astype(self.policy.compute)
+        table = gather_weight(self.embed[...], ("vocab", "embed"))
+        return constrain(table[input_ids].astype(self.policy.compute), ACTIVATION)
 
     def unembedding(self) -> jax.Array:
         """The `[hidden, vocab]` output matrix, in the compute dtype."""
         w = self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
-        return w.astype(self.policy.compute)
+        return gather_weight(w, ("embed", "vocab")).astype(self.policy.compute)
 
     def layer_arrays(self) -> dict[str, jax.Array]:
         """Stacked per-layer arrays, cast to the compute dtype."""
@@ -281,6 +289,9 @@ class Decoder(nnx.Module):
         attend = get_attention(self.attention)
 
         def block(x, p):
+            # FSDP: gather this layer's weights right before use; pin the residual's layout
+            p = {name: gather_weight(w, LAYER_PARAMS[name].axes[1:]) for name, w in p.items()}
+            x = constrain(x, ACTIVATION)
             q, k, v = attention_inputs(p, x, cos, sin, config)
             return attention_output_and_mlp(p, x, attend(q, k, v, mask), config), None
 

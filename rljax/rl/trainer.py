@@ -44,8 +44,8 @@ from rljax.rollout.config import KVCacheConfig, SamplerConfig
 from rljax.rollout.sampler import Sampler
 from rljax.tracking import Tracker
 from rljax.train.optim import OptimConfig, make_optimizer
-from rljax.train.setup import build_decoder, load_tokenizer, peak_flops, place
-from rljax.train.steps import TrainState, init_train_state, make_train_step
+from rljax.train.setup import build_decoder, init_sharded_train_state, load_tokenizer, peak_flops, place
+from rljax.train.steps import TrainState, make_train_step
 
 ACTOR_KEYS = ("input_ids", "attention_mask", "response_mask", "old_log_probs", "advantages")
 CRITIC_KEYS = ("input_ids", "attention_mask", "response_mask", "values", "returns")
@@ -95,7 +95,7 @@ def make_learner(module: nnx.Module, optim: OptimConfig, objective, totals_fn, c
                  mini_prompts: int, micro_per_device: int, epochs: int, shuffle: bool, keys, seed: int) -> Learner:
     graphdef, params = place(module, mesh)
     optimizer, schedule = make_optimizer(optim, cfg.trainer.total_steps * _updates_per_step(cfg, mini_prompts, epochs))
-    state = jax.jit(lambda p: init_train_state(p, optimizer, seed))(params)
+    state = init_sharded_train_state(params, optimizer, seed, mesh)
     mini_rows = mini_prompts * cfg.rollout.n
     micro_rows = micro_per_device * data_parallel_size(mesh) if micro_per_device else mini_rows
     if (cfg.data.batch_size * cfg.rollout.n) % mini_rows or mini_rows % micro_rows:
@@ -178,7 +178,7 @@ class RLTrainer:
         a, r, alg = cfg.actor, cfg.rollout, cfg.algorithm
         self.rng = np.random.default_rng(cfg.trainer.seed)
 
-        decoder = build_decoder(cfg.model, self.tokenizer)
+        decoder = build_decoder(cfg.model, self.tokenizer, mesh=self.mesh)
         objective, totals = actor_objective(a, r.temperature)
         keys = ACTOR_KEYS + (("ref_log_probs",) if a.use_kl_loss else ()) + (
             ("rollout_log_probs",) if a.tis_imp_ratio_cap is not None else ())
@@ -191,7 +191,8 @@ class RLTrainer:
             self.reference = jax.device_put(jax.tree.map(jnp.copy, params), state_shardings(params, self.mesh))
         self.critic = None
         if alg.adv_estimator == "gae":
-            critic_module = ScalarHeadModel(build_decoder(cfg.model, self.tokenizer), rngs=nnx.Rngs(cfg.trainer.seed + 1))
+            critic_module = ScalarHeadModel(build_decoder(cfg.model, self.tokenizer, mesh=self.mesh),
+                                            rngs=nnx.Rngs(cfg.trainer.seed + 1))
             c = cfg.critic
             self.critic = make_learner(critic_module, c.optim, critic_objective(c), None, cfg, self.mesh,
                                        c.ppo_mini_batch_size, c.ppo_micro_batch_size_per_device, c.ppo_epochs,
@@ -405,4 +406,6 @@ class RLTrainer:
 
 
 def train_rl(cfg: RLConfig) -> list[dict[str, float]]:
-    return RLTrainer(cfg).fit()
+    """Run (or resume) an RL run under its mesh (so activation layouts are pinned)."""
+    with jax.set_mesh(make_mesh(cfg.mesh)):
+        return RLTrainer(cfg).fit()

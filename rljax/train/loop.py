@@ -28,8 +28,8 @@ from rljax.tracking import Tracker
 from rljax.train.objectives import make_eval_step
 from rljax.train.optim import make_optimizer
 from rljax.train.run_config import RunConfig
-from rljax.train.setup import build_decoder, load_tokenizer, peak_flops, place
-from rljax.train.steps import init_train_state, make_train_step
+from rljax.train.setup import build_decoder, init_sharded_train_state, load_tokenizer, peak_flops, place
+from rljax.train.steps import make_train_step
 from rljax.train.tasks import make_task
 
 
@@ -64,17 +64,22 @@ def _seq_len(batch: dict) -> int:
 
 def train(cfg: RunConfig) -> dict:
     """Run (or resume) training; return the last logged metrics."""
+    mesh = make_mesh(cfg.mesh)
+    with jax.set_mesh(mesh):
+        return _train(cfg, mesh)
+
+
+def _train(cfg: RunConfig, mesh) -> dict:
     run_dir = run_dir_of(cfg)
     os.makedirs(run_dir, exist_ok=True)
     if jax.process_index() == 0:
         save_config(cfg, os.path.join(run_dir, "config.yaml"))
-    mesh = make_mesh(cfg.mesh)
     num_micro = _num_micro_batches(cfg, mesh)
     tokenizer = load_tokenizer(cfg.model)
     if jax.process_index() == 0:
         tokenizer.save_pretrained(os.path.join(run_dir, "tokenizer"))
 
-    decoder = build_decoder(cfg.model, tokenizer)
+    decoder = build_decoder(cfg.model, tokenizer, mesh=mesh)
     task = make_task(cfg, decoder, mesh)
     if cfg.data.format != task.data_format:
         raise ValueError(
@@ -83,7 +88,7 @@ def train(cfg: RunConfig) -> dict:
         )
     graphdef, params = place(task.module, mesh)
     optimizer, schedule = make_optimizer(cfg.optim, cfg.trainer.total_steps)
-    state = jax.jit(lambda p: init_train_state(p, optimizer, cfg.trainer.seed))(params)
+    state = init_sharded_train_state(params, optimizer, cfg.trainer.seed, mesh)
     state_sharding = jax.tree.map(lambda x: x.sharding, state)
     step_fn = make_train_step(graphdef, task.objective, optimizer, schedule, num_micro,
                               state_sharding=state_sharding, frozen_sharding=task.frozen_sharding)
@@ -119,7 +124,7 @@ def train(cfg: RunConfig) -> dict:
         host.update({
             "timing_s/step": elapsed,
             "timing_s/data": data_s,
-            "perf/throughput": tokens / elapsed / jax.device_count(),  # tokens/s per device
+            "perf/throughput": tokens * jax.process_count() / elapsed / jax.device_count(),  # tokens/s/device
             "perf/total_num_tokens": tokens,
         })
         if flops_peak:

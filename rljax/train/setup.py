@@ -1,14 +1,24 @@
-"""Building what a run needs from its config: tokenizer, model, mesh placement, throughput."""
+"""Building what a run needs from its config: tokenizer, model, mesh placement, throughput.
+
+Models are created in their sharded layout: random init is one jitted call with
+`out_shardings` (`rljax.parallel.sharded_init`), checkpoints are read slice by slice into
+the shards each process owns (`rljax.models.hf.load_hf_sharded`). No device or host ever
+holds the whole model.
+"""
 
 from __future__ import annotations
 
 import jax
+import optax
 from flax import nnx
+from jax.sharding import Mesh
 
-from rljax.models import DTypePolicy, ModelConfig, init_model, load_hf, read_config
+from rljax.models import DTypePolicy, ModelConfig, init_model, read_config
+from rljax.models.hf import load_hf_sharded
 from rljax.models.transformer import Decoder
-from rljax.parallel import state_shardings
+from rljax.parallel import MeshConfig, make_mesh, optimizer_shardings, replicated, sharded_init, state_shardings
 from rljax.train.run_config import ModelSection
+from rljax.train.steps import TrainState, init_train_state
 
 # Dense bf16 peak FLOP/s per chip, from the vendors' spec sheets; for perf/mfu.
 PEAK_FLOPS = {
@@ -49,7 +59,8 @@ def load_tokenizer(section: ModelSection):
 def model_config_from_section(section: ModelSection, tokenizer) -> ModelConfig:
     """An HF-style config dict completed from the tokenizer (vocab size, special ids)."""
     hf = dict(section.hf_config)
-    hf.setdefault("vocab_size", len(tokenizer))
+    if "vocab_size" not in hf:
+        hf["vocab_size"] = len(tokenizer)
     if tokenizer is not None:
         hf.setdefault("eos_token_id", tokenizer.eos_token_id)
         hf.setdefault("pad_token_id", tokenizer.pad_token_id)
@@ -59,18 +70,57 @@ def model_config_from_section(section: ModelSection, tokenizer) -> ModelConfig:
     return ModelConfig.from_hf_dict(hf)
 
 
-def build_decoder(section: ModelSection, tokenizer, *, weights: bool = True) -> Decoder:
-    """The configured decoder: loaded from `model.path` or randomly initialised. With
-    `weights=False` the checkpoint is not read (for `nnx.eval_shape`: shapes only)."""
+def _default_mesh() -> Mesh:
+    """The active mesh (`jax.set_mesh`) if there is one, else fsdp over every device."""
+    active = jax.sharding.get_mesh()
+    return active if not active.empty else make_mesh(MeshConfig())
+
+
+def build_decoder(section: ModelSection, tokenizer, *, weights: bool = True, mesh: Mesh | None = None) -> Decoder:
+    """The configured decoder, created directly in its sharded layout on `mesh`: loaded
+    from `model.path` (each process reads only its shards) or randomly initialised (one
+    jitted call with out_shardings). Without `mesh`: the active mesh, else fsdp over all
+    devices (`place` then moves shards device-to-device if the run's mesh differs).
+
+    With `weights=False` nothing is allocated or read: the plain constructor, for
+    `nnx.eval_shape` (shapes only)."""
     policy = DTypePolicy(section.param_dtype, section.compute_dtype)
-    if section.path and weights:
-        return load_hf(section.path, section.param_dtype, compute_dtype=section.compute_dtype,
-                       remat=section.remat, attention=section.attention)
-    config = read_config(section.path) if section.path else model_config_from_section(section, tokenizer)
-    return init_model(config, seed=section.init_seed, policy=policy, remat=section.remat, attention=section.attention)
+    if not weights:
+        config = read_config(section.path) if section.path else model_config_from_section(section, tokenizer)
+        return init_model(config, seed=section.init_seed, policy=policy, remat=section.remat,
+                          attention=section.attention)
+    mesh = mesh if mesh is not None else _default_mesh()
+    if section.path:
+        return load_hf_sharded(section.path, mesh, section.param_dtype, compute_dtype=section.compute_dtype,
+                               remat=section.remat, attention=section.attention)
+    config = model_config_from_section(section, tokenizer)
+    return sharded_init(lambda: init_model(config, seed=section.init_seed, policy=policy, remat=section.remat,
+                                           attention=section.attention), mesh)
 
 
 def place(module: nnx.Module, mesh) -> tuple[nnx.GraphDef, nnx.State]:
-    """Split a module once and put its state on the mesh by its logical axes."""
+    """Split a module once and put its state on the mesh by its logical axes. Arrays
+    already in that layout (from `build_decoder`) stay where they are; others move
+    device-to-device (or, for a small fresh head, from the default device)."""
     graphdef, state = nnx.split(module)
     return graphdef, jax.device_put(state, state_shardings(state, mesh))
+
+
+def train_state_shardings(params, optimizer: optax.GradientTransformation, mesh) -> TrainState:
+    """Shardings of `init_train_state(params, optimizer)`: params as placed, optimizer
+    moments like their params, scalars replicated."""
+    param_shardings = state_shardings(params, mesh)
+    return TrainState(
+        params=param_shardings,
+        opt_state=optimizer_shardings(optimizer, param_shardings, mesh),
+        step=replicated(mesh),
+        skipped_steps=replicated(mesh),
+        rng=replicated(mesh),
+    )
+
+
+def init_sharded_train_state(params, optimizer: optax.GradientTransformation, seed: int, mesh) -> TrainState:
+    """`init_train_state` with every part in its sharded layout (AdamW's mu and nu split
+    like the params, not replicated as XLA would otherwise leave them)."""
+    shardings = train_state_shardings(params, optimizer, mesh)
+    return jax.jit(lambda p: init_train_state(p, optimizer, seed), out_shardings=shardings)(params)

@@ -1,0 +1,328 @@
+"""`rljax plan CONFIG [key.sub=value ...] [--devices N] [--device-memory-gb G]`: the
+memory one device needs for a run, before paying for the slice.
+
+Everything comes from abstract shapes (`nnx.eval_shape`, `jax.eval_shape`) and the
+logical-axis rules of `rljax.parallel` on an `AbstractMesh`; nothing is allocated, so a
+laptop can plan a v5e-16 run (`--devices 16 --device-memory-gb 16`).
+
+Rows (bytes per device):
+- params, optimizer state (AdamW mu + nu, dtype as optax makes them) and gradients, each
+  laid out exactly as training lays them out (the rules table; ceil division per
+  split dimension);
+- activations of one micro-batch: an estimate from the formulas printed with the table
+  (XLA may fuse some tensors away or keep a few more);
+- the KV cache the sampler would need for `--kv-seqs` sequences of `--kv-len` tokens,
+  sequences split over data x fsdp and kv heads over tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+HELP = "Per-device memory (params, optimizer, gradients, activations, KV cache) of a config on a mesh."
+
+GiB = 1024**3
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("config", help="YAML config file (see configs/)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. mesh.data=2 mesh.fsdp=8")
+    parser.add_argument("--devices", type=int, default=None,
+                        help="plan for this many devices (an abstract mesh; default: this machine's)")
+    parser.add_argument("--device-memory-gb", type=float, default=None,
+                        help="memory per device in GB (10^9 bytes), to say whether the run fits")
+    parser.add_argument("--micro-batch", type=int, default=None,
+                        help="rows per micro-batch, global (default: trainer.micro_batch_size or data.batch_size)")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per row (default: data.max_length)")
+    parser.add_argument("--kv-seqs", type=int, default=None, help="sequences in the KV cache (default 64)")
+    parser.add_argument("--kv-len", type=int, default=None, help="tokens per cached sequence (default 2048)")
+    parser.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the compute dtype)")
+    parser.add_argument("--reference", action="store_true",
+                        help="add a frozen reference model (automatic for trainer.algorithm=dpo)")
+    parser.add_argument("--critic", action="store_true", help="add a trained critic of the same size (PPO)")
+
+
+# ---- config --------------------------------------------------------------------------------
+
+
+def _set(tree: dict, dotted: str, value) -> None:
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = tree.get(part)
+        if not isinstance(node, dict):
+            node = tree[part] = {}
+        tree = node
+    tree[parts[-1]] = value
+
+
+def load_raw(path: str, overrides: list[str]) -> dict:
+    """The YAML tree with dotted overrides applied. Lenient about sections plan does
+    not read (so RL and agent configs plan too); the sections it reads are checked by
+    their dataclasses."""
+    import yaml
+
+    from rljax.config import ConfigError
+
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key.sub=value")
+        key, text = item.split("=", 1)
+        _set(raw, key.strip(), yaml.safe_load(text) if text else "")
+    return raw
+
+
+def _section(raw: dict, name: str, cls):
+    from rljax.config import from_dict
+
+    return from_dict(cls, raw.get(name) or {}, prefix=name)
+
+
+def model_config_of(section, raw: dict):
+    """The ModelConfig: `model.path`'s config.json when that folder exists here, else
+    `model.hf_config` (vocab size from the tokenizer only when not given)."""
+    import os
+
+    from rljax.models import read_config
+    from rljax.train.setup import load_tokenizer, model_config_from_section
+
+    if section.path and os.path.exists(os.path.join(section.path, "config.json")):
+        return read_config(section.path)
+    if not section.hf_config:
+        raise SystemExit(f"model.path={section.path!r} has no config.json here and model.hf_config is empty: "
+                         "nothing to plan from")
+    tokenizer = None if "vocab_size" in section.hf_config else load_tokenizer(section)
+    return model_config_from_section(section, tokenizer)
+
+
+# ---- the estimate --------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """Bytes per device; `rows` keeps the print order."""
+
+    title: list[str]
+    rows: list[tuple[str, int]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    total: int = 0
+    kv: list[tuple[str, int]] = field(default_factory=list)
+
+    def add(self, name: str, nbytes: int, count: bool = True) -> None:
+        self.rows.append((name, int(nbytes)))
+        if count:
+            self.total += int(nbytes)
+
+
+def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, remat: str,
+                     attention: str = "xla") -> int:
+    """Activations kept for the backward pass of one micro-batch on one device.
+
+    b = rows per device, T = tokens per row, L layers, e hidden, h heads, k kv heads,
+    D head dim, m intermediate, t = tensor ways (splits h, k, m), c = compute bytes.
+    Per token per layer, saved for backward without remat:
+        A = c * (4e + (2h + 2k) D / t + 3m / t)         layer input, 2 norms, residual,
+                                                       q k v (roped), attention output,
+                                                       gate, up, silu(gate)*up
+        S = (4 + c) * h T / t                           xla attention's [T, T] probs per
+                                                       head (f32 + compute copy); 0 for
+                                                       a flash kernel
+      none:      L b T (A + S)
+      save_dots: L b T c (3e + (h + 2k) D / t + 2m / t)  + one layer's b T (A + S)
+      full:      L b T c e                              + one layer's b T (A + S)
+    """
+    e, h, k, d, m, L = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                        cfg.intermediate_size, cfg.num_hidden_layers)
+    c = compute_bytes
+    per_token = c * (4 * e + (2 * h + 2 * k) * d / tensor + 3 * m / tensor)
+    scores = (4 + c) * h * seq / tensor if attention == "xla" else 0
+    one_layer = rows * seq * (per_token + scores)
+    if remat == "none":
+        return int(L * one_layer)
+    if remat == "save_dots":
+        return int(L * rows * seq * c * (3 * e + (h + 2 * k) * d / tensor + 2 * m / tensor) + one_layer)
+    if remat == "full":
+        return int(L * rows * seq * c * e + one_layer)
+    raise ValueError(f"unknown remat {remat!r}")
+
+
+def logits_bytes(cfg, rows: int, seq: int, tensor: int, chunk: int = 1024) -> int:
+    """Chunked log-probs: 2 x b x min(T, chunk) x V / t float32 (a chunk's logits and
+    their gradient; chunks are recomputed, never all stored)."""
+    return int(2 * rows * min(seq, chunk) * math.ceil(cfg.vocab_size / tensor) * 4)
+
+
+def kv_cache_bytes(cfg, seqs: int, length: int, mesh, dtype_bytes: int) -> int:
+    """2 (k and v) x L x ceil(seqs / (data x fsdp)) x len x ceil(k / t) x D x bytes."""
+    from rljax.parallel import data_parallel_size
+
+    per_device_seqs = math.ceil(seqs / data_parallel_size(mesh))
+    kv_heads = math.ceil(cfg.num_key_value_heads / mesh.shape["tensor"])
+    return 2 * cfg.num_hidden_layers * per_device_seqs * length * kv_heads * cfg.head_dim * dtype_bytes
+
+
+def _rl_settings(raw: dict) -> dict:
+    """What an RL config (`rollout`, `actor`, `critic`, `algorithm` sections, verl names)
+    says about shapes; empty for supervised configs."""
+    rollout, actor = raw.get("rollout"), raw.get("actor") or {}
+    if rollout is None:
+        return {}
+    algorithm = raw.get("algorithm") or {}
+    data = raw.get("data") or {}
+    out = {
+        "seq_len": int(data.get("max_prompt_length", 256)) + int(rollout.get("response_length", 64)),
+        "kv_seqs": rollout.get("max_num_seqs"),
+        "kv_fraction": rollout.get("kv_cache_memory_fraction"),
+        "micro_per_device": actor.get("ppo_micro_batch_size_per_device"),
+        "reference": bool(actor.get("use_kl_loss") or algorithm.get("use_kl_in_reward")),
+        "critic": algorithm.get("adv_estimator") == "gae",
+        "optim": actor.get("optim"),
+    }
+    if actor.get("ppo_mini_batch_size"):
+        out["mini_batch"] = int(actor["ppo_mini_batch_size"]) * int(rollout.get("n", 1))
+    return out
+
+
+def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float | None = None,
+              micro_batch: int | None = None, seq_len: int | None = None, kv_seqs: int | None = None,
+              kv_len: int | None = None, kv_dtype: str | None = None, reference: bool = False,
+              critic: bool = False) -> Plan:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from rljax.data.config import DataConfig
+    from rljax.models import DTypePolicy, abstract_model
+    from rljax.parallel import (MeshConfig, abstract_mesh, check_batch, data_parallel_size, mesh_desc,
+                                optimizer_shardings, planned_bytes, state_shardings)
+    from rljax.rollout.config import SamplerConfig
+    from rljax.train.optim import OptimConfig, make_optimizer
+    from rljax.train.run_config import ModelSection
+
+    section = _section(raw, "model", ModelSection)
+    mesh_cfg = _section(raw, "mesh", MeshConfig)
+    rl = _rl_settings(raw)
+    optim_cfg = _section({"optim": rl.get("optim", raw.get("optim"))}, "optim", OptimConfig)
+    data_cfg = _section(raw, "data", DataConfig)
+    trainer = raw.get("trainer") or {}
+    n = devices or jax.device_count()
+    mesh = abstract_mesh(mesh_cfg, n)
+    cfg = model_config_of(section, raw)
+    policy = DTypePolicy(section.param_dtype, section.compute_dtype)
+
+    # params, optimizer state, gradients: abstract shapes + the rules table
+    model = abstract_model(cfg, policy=policy, remat=section.remat, attention=section.attention)
+    params = nnx.state(model, nnx.Param)
+    param_shardings = state_shardings(params, mesh)
+    p_bytes = planned_bytes(params, param_shardings)
+    optimizer, _ = make_optimizer(optim_cfg, int(trainer.get("total_steps", 100)))
+    opt_shapes = jax.eval_shape(optimizer.init, params)
+    o_bytes = planned_bytes(opt_shapes, optimizer_shardings(optimizer, param_shardings, mesh))
+
+    dp = data_parallel_size(mesh)
+    batch = int(rl.get("mini_batch") or data_cfg.train_batch_size or data_cfg.batch_size)
+    per_device_micro = int(rl.get("micro_per_device") or 0)
+    micro = micro_batch or per_device_micro * dp or int(trainer.get("micro_batch_size") or 0) or batch
+    seq = seq_len or rl.get("seq_len") or data_cfg.max_length
+    check_batch(micro, mesh, name="micro-batch")
+    num_micro = max(batch // micro, 1)
+    rows = micro // dp
+    tensor = mesh.shape["tensor"]
+    c = jnp.dtype(policy.compute).itemsize
+    total_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+    per_device_params = p_bytes // jnp.dtype(policy.param).itemsize
+
+    algorithm = trainer.get("algorithm", "sft")
+    reference = (reference or rl.get("reference", False)
+                 or (algorithm == "dpo" and not (raw.get("dpo") or {}).get("reference_free", False)))
+    critic = critic or rl.get("critic", False)
+    plan = Plan(title=[
+        f"rljax plan: {cfg.model_type}, {_count(total_params)} params; {mesh_desc(mesh)} on {n} devices"
+        f"{' (abstract)' if devices else ''}",
+        f"param {policy.param_dtype}, compute {policy.compute_dtype}; micro-batch {micro} rows "
+        f"({rows} per device) x {seq} tokens, {num_micro} micro-batch(es) per step; remat={section.remat}, "
+        f"attention={section.attention}",
+    ])
+    plan.add(f"params ({policy.param_dtype})", p_bytes)
+    plan.add("optimizer state (AdamW mu + nu)", o_bytes)
+    plan.add("gradients" + (" (accumulator + one micro-batch's)" if num_micro > 1 else ""),
+             p_bytes * (2 if num_micro > 1 else 1))
+    if policy.compute_dtype != policy.param_dtype:
+        plan.add(f"params cast to {policy.compute_dtype} (live through the step)", per_device_params * c)
+    layer_params = (total_params - cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+                    - cfg.hidden_size) // cfg.num_hidden_layers
+    if mesh.shape["fsdp"] > 1:
+        plan.add("one layer's weights all-gathered over fsdp (x2, prefetch)", 2 * layer_params // tensor * c)
+    if reference:
+        plan.add(f"reference model ({policy.param_dtype}, frozen)", p_bytes)
+    if critic:
+        plan.add("critic: params + optimizer + gradients", p_bytes + o_bytes + p_bytes)
+    for remat in ("none", "save_dots", "full"):
+        act = activation_bytes(cfg, rows, seq, tensor, c, remat, section.attention)
+        plan.add(f"activations, remat={remat}" + (" (configured)" if remat == section.remat else ""),
+                 act, count=remat == section.remat)
+    plan.add("logits, chunked log-probs", logits_bytes(cfg, rows, seq, tensor))
+
+    # the sampler's KV cache
+    sampler = SamplerConfig()
+    seqs = kv_seqs or rl.get("kv_seqs") or sampler.max_num_seqs
+    length = kv_len or rl.get("seq_len") or sampler.max_model_len
+    kv_bytes = jnp.dtype(kv_dtype or policy.compute).itemsize
+    plan.kv.append((f"kv cache: {seqs} seqs x {length} tokens ({kv_dtype or policy.compute_dtype})",
+                    kv_cache_bytes(cfg, seqs, length, mesh, kv_bytes)))
+    per_token = kv_cache_bytes(cfg, data_parallel_size(mesh), 1, mesh, kv_bytes)
+    plan.kv.append(("kv cache per cached token (one sequence)", per_token))
+    if device_memory_gb:
+        limit = int(device_memory_gb * 1e9)
+        free = limit - p_bytes - o_bytes - (p_bytes if reference else 0)  # what stays resident while sampling
+        fraction = rl.get("kv_fraction") or sampler.kv_cache.memory_fraction
+        plan.notes.append(
+            f"device memory {device_memory_gb:g} GB: training needs {plan.total / GiB:.2f} GiB -> "
+            + ("fits" if plan.total <= limit else "DOES NOT FIT")
+            + f"; a sampler beside params + optimizer state gets {fraction:g} x {max(free, 0) / GiB:.2f} GiB free = "
+            f"{int(max(free, 0) * fraction) // max(per_token, 1):,} cached tokens per device"
+        )
+    return plan
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def render(plan: Plan) -> str:
+    width = max(len(name) for name, _ in plan.rows + plan.kv) + 2
+    lines = [*plan.title, "", f"{'per device':<{width}}{'GiB':>10}{'bytes':>18}"]
+    for name, nbytes in plan.rows:
+        lines.append(f"{name:<{width}}{nbytes / GiB:>10.3f}{nbytes:>18,}")
+    lines.append(f"{'total for training (configured remat)':<{width}}{plan.total / GiB:>10.3f}{plan.total:>18,}")
+    lines.append("")
+    for name, nbytes in plan.kv:
+        lines.append(f"{name:<{width}}{nbytes / GiB:>10.3f}{nbytes:>18,}")
+    lines += ["", *plan.notes]
+    lines += [
+        "",
+        "formulas (b rows/device, T tokens, L layers, e hidden, h/k heads/kv heads, D head dim, m mlp, V vocab,",
+        " t tensor ways, c compute bytes): per token per layer A = c(4e + (2h+2k)D/t + 3m/t),",
+        " S = (4+c)hT/t (xla attention probs); none = LbT(A+S); save_dots = LbTc(3e+(h+2k)D/t+2m/t) + bT(A+S);",
+        " full = LbTce + bT(A+S); logits = 2 b min(T,1024) V/t 4; kv = 2 L ceil(seqs/(data*fsdp)) len ceil(k/t) D c.",
+        " params/optimizer/gradients: exact shard shapes from the logical-axis rules.",
+    ]
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    from rljax.config import ConfigError
+    from rljax.parallel import ShardingError
+
+    try:
+        raw = load_raw(args.config, args.overrides)
+        plan = make_plan(raw, devices=args.devices, device_memory_gb=args.device_memory_gb,
+                         micro_batch=args.micro_batch, seq_len=args.seq_len, kv_seqs=args.kv_seqs,
+                         kv_len=args.kv_len, kv_dtype=args.kv_dtype, reference=args.reference,
+                         critic=args.critic)
+    except (ConfigError, ShardingError) as e:
+        raise SystemExit(f"plan: {e}") from None
+    print(render(plan))
+    return 0

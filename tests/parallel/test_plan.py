@@ -1,0 +1,53 @@
+"""`rljax plan`: per-device bytes from abstract shapes agree with a real sharded init."""
+
+import jax
+import pytest
+
+from rljax.cli import main as cli_main
+from rljax.commands.plan import load_raw, make_plan
+from rljax.parallel import measured_bytes
+from tests.parallel.helpers import TINY, TINY_FSDP8
+
+CONFIG = TINY
+
+
+def rows(plan):
+    return dict(plan.rows)
+
+
+def test_plan_bytes_equal_measured_bytes_of_a_sharded_init(tiny_fsdp8):
+    _, _, state = tiny_fsdp8
+    plan = rows(make_plan(load_raw(TINY, TINY_FSDP8)))
+    measured_params = measured_bytes(state.params)
+    measured_opt = measured_bytes(state.opt_state)
+    print("plan", plan["params (float32)"], "measured", sorted(set(measured_params.values())))
+    assert max(measured_params.values()) == plan["params (float32)"]
+    assert max(measured_opt.values()) == plan["optimizer state (AdamW mu + nu)"]
+
+
+def test_plan_for_a_larger_abstract_mesh_and_errors(capsys):
+    plan = make_plan(load_raw(CONFIG, ["mesh.data=2", "mesh.fsdp=8"]), devices=16, device_memory_gb=16)
+    assert "mesh(data=2, fsdp=8, tensor=1) on 16 devices (abstract)" in plan.title[0]
+    assert "fits" in plan.notes[0]
+    with pytest.raises(SystemExit, match=r"micro-batch of size 16 is not divisible by the data-parallel size 32"):
+        cli_main(["plan", CONFIG, "--devices", "32"])
+    assert cli_main(["plan", CONFIG, "--devices", "32", "--micro-batch", "32", "--device-memory-gb", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "optimizer state (AdamW mu + nu)" in out and "kv cache" in out and "formulas" in out
+    # 2 kv heads over tensor=4: start-up error naming the tensor, its size and the mesh
+    with pytest.raises(SystemExit, match=r"k_(proj|bias): dimension 'kv_heads' of size 2 .*tensor=4"):
+        cli_main(["plan", CONFIG, "model.hf_config.vocab_size=128", "mesh.tensor=4", "mesh.fsdp=2", "--devices", "8"])
+    assert jax.device_count() == 8  # planning for 16 or 32 devices allocated nothing here
+
+
+def test_plan_reads_rl_configs():
+    """verl-style RL config: sequence = prompt + response, rollout's KV cache, the KL
+    reference, per-device micro-batches."""
+    config = TINY.replace("sft_tiny.yaml", "gsm8k_qwen2.5_0.5b_grpo.yaml")
+    tiny = "{model_type: qwen2, vocab_size: 128, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, " \
+           "num_attention_heads: 4, num_key_value_heads: 2}"
+    plan = make_plan(load_raw(config, [f"model.hf_config={tiny}"]), devices=8)
+    names = dict(plan.rows)
+    assert "reference model (float32, frozen)" in names  # actor.use_kl_loss
+    assert "x 1024 tokens" in plan.title[1] and "micro-batch 128 rows (16 per device)" in plan.title[1]
+    assert plan.kv[0][0].startswith("kv cache: 256 seqs x 1024 tokens")
