@@ -13,9 +13,12 @@ import sys
 
 # name -> module under rljax.commands. Add a line here to add a subcommand.
 COMMANDS: dict[str, str] = {
+    "generate": "generate",
     "train": "train",
     "export": "export",
     "bench": "bench",
+    "plan": "plan",
+    "plot": "plot",
 }
 
 

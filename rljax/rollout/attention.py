@@ -1,0 +1,196 @@
+"""Attention over a paged KV cache.
+
+Every function here takes
+  q            `[B, T, N, D]`   queries of the tokens being computed this step,
+  k_cache      `[L, P, S, K, D]` the whole key pool (all layers), v_cache likewise,
+  layer        int32 scalar      which layer's pages to read,
+  page_table   `[B, W]` int32    each row's pages in order (unused entries: page 0),
+  q_positions  `[B, T]` int32    the position of every query token,
+  kv_lens      `[B]` int32       tokens in the cache for each row (this step's included),
+and returns `[B, T, N, D]`. Query t of row b sees key position s iff s <= q_positions[b, t]
+and s < kv_lens[b]. The current step's keys are written to the pool before attention.
+
+`paged_attention_reference` is the oracle: it gathers the pages through the page table
+into a dense `[B, W*S, K, D]` view and runs the training forward's own attention
+(`rljax.models.attention.xla_attention`) under a position mask, so the sampler's logits
+match the trainer's. `paged_decode_attention_pallas` is a Pallas kernel (Triton-style,
+for GPUs) for decode steps (T == 1) that walks only the pages a sequence owns, with an
+online softmax; on other backends it runs in Pallas interpret mode (for tests).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from rljax.models.attention import xla_attention
+
+PagedAttentionFn = Callable[..., jax.Array]
+
+
+def _layer_pages(cache: jax.Array, layer: jax.Array, page_table: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The pool viewed as `[L*P, S, K, D]` (a free reshape) and page ids offset into
+    `layer`'s block, so one gather reads a layer's pages without slicing the layer out."""
+    num_layers, num_pages = cache.shape[:2]
+    flat = cache.reshape(num_layers * num_pages, *cache.shape[2:])
+    return flat, page_table + layer.astype(page_table.dtype) * num_pages
+
+
+def gather_kv(cache: jax.Array, layer: jax.Array, page_table: jax.Array) -> jax.Array:
+    """A dense `[B, W*S, K, D]` view of each row's cached keys (or values)."""
+    flat, ids = _layer_pages(cache, layer, page_table)
+    b, w = page_table.shape
+    pages = flat[ids]  # [B, W, S, K, D]
+    return pages.reshape(b, w * flat.shape[1], *flat.shape[2:])
+
+
+def paged_attention_reference(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    layer: jax.Array,
+    page_table: jax.Array,
+    q_positions: jax.Array,
+    kv_lens: jax.Array,
+) -> jax.Array:
+    """Gather the pages, mask by position and length, and attend (plain jnp)."""
+    k = gather_kv(k_cache, layer, page_table).astype(q.dtype)
+    v = gather_kv(v_cache, layer, page_table).astype(q.dtype)
+    key_pos = jnp.arange(k.shape[1], dtype=jnp.int32)
+    mask = (key_pos[None, None, :] <= q_positions[:, :, None]) & (key_pos[None, None, :] < kv_lens[:, None, None])
+    return xla_attention(q, k, v, mask)
+
+
+# ---- Pallas decode kernel --------------------------------------------------------------
+
+_MIN_BLOCK = 16  # Triton's dot needs every block dimension >= 16
+
+
+def _decode_kernel(q_ref, k_ref, v_ref, table_ref, len_ref, o_ref, *, pages_per_block: int, scale: float, dot):
+    """One program = one sequence x one kv head: q block `[G, D]` (the query heads that
+    share this kv head, padded to 16), pages read `pages_per_block` at a time through
+    the page table, online softmax in float32, masked by the sequence length."""
+    q = q_ref[...]
+    page_size = k_ref.shape[1]
+    block_k = pages_per_block * page_size
+    length = len_ref[0]
+    width = table_ref.shape[0]
+    num_blocks = jnp.minimum(pl.cdiv(pl.cdiv(length, page_size), pages_per_block), width // pages_per_block)
+    g, d = q.shape
+
+    def body(i, carry):
+        acc, m_prev, l_prev = carry
+        pages = table_ref[pl.ds(i * pages_per_block, pages_per_block)]
+        k = k_ref[pages].reshape(block_k, d)
+        v = v_ref[pages].reshape(block_k, d)
+        s = dot(q, k.T).astype(jnp.float32) * scale  # [G, block_k]
+        key_pos = i * block_k + jnp.arange(block_k)
+        s = jnp.where((key_pos < length)[None, :], s, -jnp.inf)
+        m_next = jnp.maximum(m_prev, s.max(axis=-1))
+        correction = jnp.exp(m_prev - m_next)
+        p = jnp.exp(s - m_next[:, None])
+        l_next = correction * l_prev + p.sum(axis=-1)
+        acc = correction[:, None] * acc + dot(p.astype(v.dtype), v).astype(jnp.float32)
+        return acc, m_next, l_next
+
+    init = (
+        jnp.zeros((g, d), jnp.float32),
+        jnp.full((g,), -jnp.inf, jnp.float32),
+        jnp.zeros((g,), jnp.float32),
+    )
+    acc, _, l_sum = jax.lax.fori_loop(0, num_blocks, body, init)
+    l_sum = jnp.where(l_sum == 0.0, 1.0, l_sum)  # an empty row (padding) gives zeros, not NaN
+    o_ref[...] = (acc / l_sum[:, None]).astype(o_ref.dtype)
+
+
+def _pages_per_block(width: int, page_size: int) -> int:
+    """Pages per kernel block: about 64 keys, at least 16 (Triton's dot), a power of two."""
+    ppb = max(1, 64 // page_size)
+    ppb = min(ppb, pl.next_power_of_2(width))
+    return max(ppb, pl.next_power_of_2(-(-_MIN_BLOCK // page_size)))
+
+
+def check_pallas_shapes(head_dim: int, page_size: int) -> None:
+    """The Triton-style kernel needs power-of-two blocks of at least 16 lanes."""
+    if head_dim < _MIN_BLOCK or head_dim & (head_dim - 1):
+        raise ValueError(f"attention='pallas' needs a power-of-two head_dim >= 16, got {head_dim}")
+    if page_size & (page_size - 1):
+        raise ValueError(f"attention='pallas' needs a power-of-two page_size, got {page_size}")
+
+
+@functools.partial(jax.jit, static_argnames=("interpret",))
+def paged_decode_attention_pallas(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    layer: jax.Array,
+    page_table: jax.Array,
+    q_positions: jax.Array,
+    kv_lens: jax.Array,
+    *,
+    interpret: bool = False,
+) -> jax.Array:
+    """Decode attention (T == 1) as a Pallas kernel reading the pool in place.
+
+    The grid is (batch, kv_heads); each program reads only the `ceil(kv_len / S)` pages
+    of its sequence. Grouped-query heads that share a kv head are one `[G, D]` block.
+    `q_positions` is unused: for a decode token the causal bound equals `kv_len`."""
+    del q_positions
+    from jax.experimental.pallas import triton as plgpu
+
+    b, t, n, d = q.shape
+    if t != 1:
+        raise ValueError(f"the Pallas kernel handles decode steps (T == 1), got T={t}")
+    flat_k, ids = _layer_pages(k_cache, layer, page_table)
+    flat_v, _ = _layer_pages(v_cache, layer, page_table)
+    total_pages, page_size, kv_heads, _ = flat_k.shape
+    groups = n // kv_heads
+    g_pad = max(_MIN_BLOCK, pl.next_power_of_2(groups))
+    qh = q.reshape(b, kv_heads, groups, d)
+    if g_pad != groups:
+        qh = jnp.pad(qh, ((0, 0), (0, 0), (0, g_pad - groups), (0, 0)))
+    pages_per_block = _pages_per_block(page_table.shape[1], page_size)
+    ids = ids.astype(jnp.int32)
+    width = -(-ids.shape[1] // pages_per_block) * pages_per_block
+    if width != ids.shape[1]:  # pad with each layer's null page so blocks divide the table
+        null = (layer * k_cache.shape[1]).astype(jnp.int32)
+        ids = jnp.concatenate([ids, jnp.full((b, width - ids.shape[1]), null, jnp.int32)], axis=1)
+    kernel = functools.partial(_decode_kernel, pages_per_block=pages_per_block, scale=d**-0.5, dot=plgpu.dot)
+    out = pl.pallas_call(
+        kernel,
+        grid=(b, kv_heads),
+        in_specs=[
+            pl.BlockSpec((None, None, g_pad, d), lambda i, h: (i, h, 0, 0)),
+            pl.BlockSpec((total_pages, page_size, None, d), lambda i, h: (0, 0, h, 0)),
+            pl.BlockSpec((total_pages, page_size, None, d), lambda i, h: (0, 0, h, 0)),
+            pl.BlockSpec((None, width), lambda i, h: (i, 0)),
+            pl.BlockSpec((None, 1), lambda i, h: (i, 0)),
+        ],
+        out_specs=pl.BlockSpec((None, None, g_pad, d), lambda i, h: (i, h, 0, 0)),
+        out_shape=jax.ShapeDtypeStruct((b, kv_heads, g_pad, d), q.dtype),
+        interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+        name="rljax_paged_decode_attention",
+    )(qh, flat_k, flat_v, ids, kv_lens.astype(jnp.int32)[:, None])
+    return out[:, :, :groups, :].reshape(b, 1, n, d)
+
+
+def decode_attention(name: str, head_dim: int, page_size: int) -> PagedAttentionFn:
+    """The attention used by decode steps for a `SamplerConfig.attention` value.
+
+    "auto" is the reference for now: the Pallas kernel matches it in interpret mode and
+    lowers to Triton for CUDA, but has not yet been run on a GPU here (see
+    tests/rollout/test_attention.py, whose GPU test runs when a GPU is present)."""
+    if name == "auto":
+        name = "reference"
+    if name == "reference":
+        return paged_attention_reference
+    if name == "pallas":
+        check_pallas_shapes(head_dim, page_size)
+        interpret = jax.default_backend() != "gpu"
+        return functools.partial(paged_decode_attention_pallas, interpret=interpret)
+    raise ValueError(f"unknown paged attention {name!r}; choose auto | reference | pallas")

@@ -1,0 +1,114 @@
+"""Sampler configuration: the KV cache (`KVCacheConfig`) and the engine (`SamplerConfig`).
+
+Every shape the engine compiles comes from these buckets, so a run compiles a small,
+fixed set of programs: decode steps are `[batch_bucket, 1]`, prefill steps
+`[prefill_rows, chunk_bucket]`, and page tables are padded to a `page_table_bucket`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
+    """lo, 2lo, 4lo, ... below hi, then hi itself."""
+    out, b = [], max(1, lo)
+    while b < hi:
+        out.append(b)
+        b *= 2
+    out.append(hi)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    """The paged KV cache.
+
+    page_size: tokens per page.
+    num_pages: pages in the pool (page 0 included, it is a reserved null page). None:
+        size the pool from `memory_fraction` of the device's free memory when the
+        backend reports it, else make room for `max_num_seqs` sequences of
+        `max_model_len` tokens.
+    memory_fraction: fraction of free device memory given to the pool (when num_pages
+        is None and the backend reports memory).
+    dtype: dtype of the cached keys and values; None: the model's compute dtype.
+    """
+
+    page_size: int = 16
+    num_pages: int | None = None
+    memory_fraction: float = 0.5
+    dtype: str | None = None
+
+    def __post_init__(self):
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.num_pages is not None and self.num_pages < 2:
+            raise ValueError(f"num_pages must be >= 2 (page 0 is reserved), got {self.num_pages}")
+        if not 0.0 < self.memory_fraction <= 1.0:
+            raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """The rollout engine.
+
+    max_num_seqs: sequences decoding together (the largest decode batch).
+    max_num_batched_tokens: token budget of one prefill step (padded rows x chunk length).
+    max_model_len: the longest sequence (prompt + generated); sets the page-table width.
+    attention: "reference" (plain jnp gather + mask, the oracle), "pallas" (a Pallas
+        decode kernel for GPU, interpreted elsewhere; prefill stays on the reference),
+        or "auto" (the reference until the kernel has been validated on a GPU).
+    share_prefix: the n samples of a request share the prompt's full KV pages.
+    num_scheduler_steps: decode steps per engine call (an on-device loop); more
+        amortise dispatch and host transfers, fewer let finished sequences hand their
+        slot to a waiting one sooner (a sequence that stops mid-call wastes the rest).
+    batch_buckets / prefill_chunk_buckets / page_table_buckets: the padded sizes the
+        engine compiles for (decode and prefill rows / prefill chunk length / page-table
+        width in pages). None: powers of two up to the maximum.
+    seed: the generator that draws seeds for requests that bring none.
+    """
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+    kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)
+    attention: str = "auto"
+    share_prefix: bool = True
+    num_scheduler_steps: int = 4
+    batch_buckets: tuple[int, ...] | None = None
+    prefill_chunk_buckets: tuple[int, ...] | None = None
+    page_table_buckets: tuple[int, ...] | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.num_scheduler_steps < 1:
+            raise ValueError(f"num_scheduler_steps must be >= 1, got {self.num_scheduler_steps}")
+        if self.attention not in ("auto", "reference", "pallas"):
+            raise ValueError(f"attention must be auto | reference | pallas, got {self.attention!r}")
+
+    @property
+    def max_pages_per_seq(self) -> int:
+        return -(-self.max_model_len // self.kv_cache.page_size)
+
+    def decode_buckets(self) -> tuple[int, ...]:
+        buckets = self.batch_buckets or powers_of_two(1, self.max_num_seqs)
+        if max(buckets) < self.max_num_seqs:
+            raise ValueError(f"batch_buckets {buckets} must reach max_num_seqs={self.max_num_seqs}")
+        return tuple(sorted(set(buckets)))
+
+    def chunk_buckets(self) -> tuple[int, ...]:
+        buckets = self.prefill_chunk_buckets or powers_of_two(16, self.max_num_batched_tokens)
+        if max(buckets) > self.max_num_batched_tokens:
+            raise ValueError(
+                f"prefill_chunk_buckets {buckets} exceed max_num_batched_tokens={self.max_num_batched_tokens}"
+            )
+        return tuple(sorted(set(buckets)))
+
+    def width_buckets(self) -> tuple[int, ...]:
+        buckets = self.page_table_buckets or powers_of_two(1, self.max_pages_per_seq)
+        buckets = tuple(sorted({min(b, self.max_pages_per_seq) for b in buckets} | {self.max_pages_per_seq}))
+        return buckets

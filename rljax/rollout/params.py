@@ -1,0 +1,97 @@
+"""What a caller asks the sampler for (`SamplingParams`, `GenerationRequest`) and what it
+gets back (`Completion`). Token ids only: strings never enter the sampler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample the continuations of one prompt.
+
+    n: number of independent samples of the prompt (they share the prompt's KV pages).
+    temperature: logits are divided by it before sampling; 0 means greedy (argmax).
+    top_k: keep the k most likely tokens (0 or -1: all).
+    top_p: keep the smallest set of most likely tokens whose probability mass reaches
+        top_p (1.0: all). Applied after top_k, on the top_k-renormalised distribution.
+    min_p: drop tokens whose probability is below min_p times the most likely one's (0: off).
+    max_tokens: the most tokens to generate; a sample that reaches it ends with
+        finish_reason "length" (so does one that reaches the sampler's max_model_len).
+    stop_token_ids: extra tokens that end a sample (finish_reason "stop"). The model's
+        EOS ids (from its config) stop too unless `ignore_eos`. The stop token is kept
+        as the last token of the completion (it is a token the policy produced).
+    seed: makes the request reproducible: sample i at step t draws its randomness from a
+        key derived from (seed, i, t) only, so it gets the same tokens whatever else is
+        in the batch, and also after being preempted and recomputed. None: a seed is
+        drawn from the sampler's own generator.
+
+    Logprobs: every completion carries, per generated token, log_softmax(logits /
+    temperature)[token] computed on the full vocabulary BEFORE top-k / top-p / min-p
+    filtering, which is how the trainer computes the policy's logprob of that token at
+    the same temperature. At temperature 0 (greedy) the unscaled log_softmax(logits) is
+    reported.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt (token ids) and how to sample it; `request_id` comes back on every
+    completion (the sampler numbers requests that have none)."""
+
+    prompt_token_ids: Sequence[int]
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    request_id: int | str | None = None
+
+
+@dataclass
+class Completion:
+    """One sample of one request.
+
+    request_index: the prompt's index in `Sampler.generate`, or the request's id for
+        `generate_async`.
+    sample_index: which of the request's n samples this is (0 .. n-1).
+    token_ids: the generated tokens (a stop token, when one ended the sample, included).
+    logprobs: per generated token, log_softmax(logits / temperature) of that token
+        before any top-k / top-p / min-p filtering (see `SamplingParams`).
+    finish_reason: "stop" (a stop / EOS token) or "length" (max_tokens or max_model_len).
+    """
+
+    request_index: int | str
+    sample_index: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason

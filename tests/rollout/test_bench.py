@@ -1,0 +1,21 @@
+"""`rljax bench sampler` runs end to end on tiny shapes and reports what it should."""
+
+import json
+
+from rljax.cli import main
+
+
+def test_bench_sampler_tiny(tmp_path, capsys):
+    out = tmp_path / "sampler.json"
+    code = main(["bench", "sampler", "--preset", "tiny", "--batch-sizes", "2", "--prompt-len", "8",
+                 "--new-tokens", "4", "--share-n", "2", "--share-prompts", "1", "--share-prompt-len", "20",
+                 "--repeats", "1", "--torch-threads", "1", "--out", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
+    assert row["batch"] == 2 and row["rljax_tok_s"] > 0 and row["hf_tok_s"] > 0 and row["ratio"] > 0
+    shared, unshared = result["memory"]
+    assert shared["prefix_sharing"] and not unshared["prefix_sharing"]
+    assert shared["peak_pages"] < unshared["peak_pages"]
+    assert result["compiled_programs"] >= 2
+    assert "rljax_tok_s" in capsys.readouterr().out
