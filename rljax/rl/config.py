@@ -137,7 +137,6 @@ class RewardConfig:
     mode: str = "process"  # process: contained in worker processes (timeouts) | inline: trusted, faster
     timeout_s: float = 10.0
     num_workers: int = 2
-    reward_model_path: str = ""  # an exported reward model (HF folder): its score is the reward
 
 
 @dataclass
