@@ -7,8 +7,8 @@
 # recorded and the rest still run):
 #   tests     the attention-backend tests on the device (cuDNN / Triton kernels vs the
 #             xla oracle; they are skipped on CPU)                         ~1 min
-#   train     bench train: Qwen2.5-1.5B shape, seq 4096, batch 8, bf16 compute with fp32
-#             params, remat=full, attention=auto (cuDNN), next to transformers + PyTorch
+#   train     bench train: Qwen2.5-1.5B shape, seq 4096, batch 8 (2 micro-batches), bf16 compute
+#             with fp32 params, remat=full, attention=auto (cuDNN), next to transformers + PyTorch
 #             (sdpa, autocast bf16, gradient checkpointing) unless --no-torch      ~2 min
 #   sampler   bench sampler: Qwen2.5-0.5B shape, bf16, batches 64 and 256, prompt 128,
 #             128 new tokens, vs transformers generate                     ~1.5 min
@@ -86,14 +86,15 @@ if [ "$QUICK" = 1 ]; then
   STEP=(--model tiny --prompts 4 --n 2 --response-length 8 --max-prompt-length 48 --dtype float32 --steps 1)
   LIMITS=(120 120 120 180)
 else
-  TRAIN=(--model qwen2.5-1.5b --batch 8 --seq-len 4096 --dtype bfloat16 --param-dtype float32 --remat full
-         --attention auto --steps 5 --warmup 1 --peak-flops 7.9e14)
+  # 2 micro-batches of 4 rows: torch's full [rows, T, vocab] logits must fit next to JAX.
+  TRAIN=(--model qwen2.5-1.5b --batch 8 --micro-batches 2 --seq-len 4096 --dtype bfloat16 --param-dtype float32
+         --remat full --attention auto --steps 5 --warmup 1 --peak-flops 7.9e14)
   SAMPLER=(--preset qwen2.5-0.5b --batch-sizes 64,256 --prompt-len 128 --new-tokens 128 --dtype bfloat16
            --repeats 2)
   MISMATCH=(--model qwen2.5-0.5b --dtypes bfloat16 --attention xla,auto --prompts 32 --n 4 --prompt-len 128
             --new-tokens 128)
   STEP=(--model qwen2.5-0.5b --prompts 16 --n 8 --response-length 128 --max-prompt-length 64 --dtype bfloat16
-        --param-dtype float32 --remat full --attention auto --steps 2)
+        --param-dtype float32 --remat full --attention auto --steps 3)
   LIMITS=(200 150 150 200)
 fi
 if [ "$TORCH" = 1 ]; then
@@ -103,7 +104,8 @@ else
 fi
 
 if [ "$TESTS" = 1 ] && [ "$QUICK" = 0 ]; then
-  part tests 150 "$PY" -m pytest -q -x tests/models/test_attention_backends.py
+  # tests/conftest.py defaults JAX_PLATFORMS to cpu: point it at the GPU.
+  part tests 150 env JAX_PLATFORMS=cuda "$PY" -m pytest -q tests/models/test_attention_backends.py
 fi
 # Both systems share the GPU in bench train --torch: JAX takes 45% up front, torch the rest.
 MEM=()
@@ -116,10 +118,12 @@ part step "${LIMITS[3]}" "$PY" -m rljax.cli bench step "${STEP[@]}" --out "$DEST
 [ "$DRY" = 1 ] && exit 0
 
 echo "=== summary ($DEST)"
-"$PY" - "$DEST" <<'EOF'
+"$PY" - "$DEST" "$QUICK" <<'EOF'
 import json, os, sys
 
-dest = sys.argv[1]
+dest, quick = sys.argv[1], sys.argv[2] == "1"
+if quick:
+    print("  (--quick: tiny shapes on the CPU; the numbers check the plumbing, not the targets)")
 
 
 def load(name):
@@ -132,7 +136,8 @@ def check(label, value, target, higher=True):
         print(f"  {label:<44} not measured")
         return
     ok = value >= target if higher else value <= target
-    print(f"  {label:<44} {value:.4g}  (target {'>=' if higher else '<='} {target:g}: {'yes' if ok else 'NO'})")
+    verdict = "n/a in --quick" if quick else ("yes" if ok else "NO")
+    print(f"  {label:<44} {value:.4g}  (target {'>=' if higher else '<='} {target:g}: {verdict})")
 
 
 train = load("train") or []

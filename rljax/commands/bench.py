@@ -11,6 +11,9 @@ BENCHES: dict[str, str] = {
     "sampler": "sampler",
     "compile": "compile",
     "logprobs": "logprobs",
+    "train": "train",
+    "mismatch": "mismatch",
+    "step": "step",
 }
 
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rljax.models.attention import get_attention, segment_mask, segment_positions
+from rljax.models.attention import get_attention, segment_positions
 from rljax.models.config import DTypePolicy, ModelConfig, RopeConfig
 from rljax.parallel import constrain, gather_weight
 
@@ -284,7 +284,6 @@ class Decoder(nnx.Module):
         segment_ids = segment_ids.astype(jnp.int32)
         if positions is None:
             positions = segment_positions(segment_ids)
-        mask = segment_mask(segment_ids)
         cos, sin = rope_cos_sin(positions, config)
         attend = get_attention(self.attention)
 
@@ -293,7 +292,7 @@ class Decoder(nnx.Module):
             p = {name: gather_weight(w, LAYER_PARAMS[name].axes[1:]) for name, w in p.items()}
             x = constrain(x, ACTIVATION)
             q, k, v = attention_inputs(p, x, cos, sin, config)
-            return attention_output_and_mlp(p, x, attend(q, k, v, mask), config), None
+            return attention_output_and_mlp(p, x, attend(q, k, v, segment_ids), config), None
 
         policy = REMAT_POLICIES[self.remat]
         if self.remat != "none":

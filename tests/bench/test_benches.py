@@ -1,0 +1,156 @@
+"""The accelerator benchmarks (`rljax bench train|mismatch|step`) and `launch/gpu_bench.sh`.
+
+The script's full (GPU) mode is checked by a dry run (the shapes the issue asks for);
+its `--quick` mode is run for real, bench by bench with the script's own arguments, in
+this process (one JAX start for all, on the 8-device CPU mesh), and every JSON it
+writes is read back. (The sampler's bench, which the script also runs, is tested with
+the sampler.)
+"""
+
+import json
+import os
+import shlex
+import subprocess
+
+import numpy as np
+import pytest
+
+from rljax import cli
+from rljax.bench import mismatch, step, train
+from rljax.models import ModelConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "launch", "gpu_bench.sh")
+
+
+def dry_run(*flags: str) -> list[list[str]]:
+    out = subprocess.run(["bash", SCRIPT, "--dry-run", *flags], cwd=ROOT, check=True, capture_output=True,
+                         text=True, env={**os.environ, "OUT": "OUTDIR"}).stdout
+    return [shlex.split(line) for line in out.splitlines() if line.strip()]
+
+
+def bench_args(commands: list[list[str]], name: str) -> list[str]:
+    """The arguments after `rljax.cli bench NAME` of the one command running that bench."""
+    (cmd,) = [c for c in commands if "bench" in c and c[c.index("bench") + 1] == name]
+    return cmd[cmd.index("bench") + 1 :]
+
+
+def option(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def test_script_parses():
+    subprocess.run(["bash", "-n", SCRIPT], check=True)
+
+
+def test_full_mode_runs_the_issue_shapes():
+    commands = dry_run()
+    assert commands[0][-1] == "tests/models/test_attention_backends.py"  # the real kernels first
+    t = bench_args(commands, "train")
+    assert (option(t, "--model"), option(t, "--seq-len"), option(t, "--dtype"), option(t, "--remat")) == (
+        "qwen2.5-1.5b", "4096", "bfloat16", "full")
+    assert "--torch" in t and option(t, "--out") == "OUTDIR/train.json"
+    s = bench_args(commands, "sampler")
+    assert (option(s, "--preset"), option(s, "--batch-sizes"), option(s, "--prompt-len"),
+            option(s, "--new-tokens")) == ("qwen2.5-0.5b", "64,256", "128", "128")
+    assert option(bench_args(commands, "mismatch"), "--dtypes") == "bfloat16"
+    assert option(bench_args(commands, "step"), "--model") == "qwen2.5-0.5b"
+    assert "--torch" not in bench_args(dry_run("--no-torch"), "train")
+    assert not any("pytest" in c for c in dry_run("--no-tests"))
+
+
+@pytest.fixture(scope="module")
+def quick_commands():
+    commands = dry_run("--quick")
+    assert not any("pytest" in c for c in commands)
+    return commands
+
+
+def run_quick(commands, name: str, tmp_path) -> list[dict]:
+    """Run bench `name` with the script's --quick arguments, in this process."""
+    import torch
+
+    threads = torch.get_num_threads()
+    args = bench_args(commands, name)
+    assert "tiny" in args
+    args[args.index("--out") + 1] = str(tmp_path / f"{name}.json")
+    try:
+        assert cli.main(["bench", *args]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return json.load(open(tmp_path / f"{name}.json"))["rows"]
+
+
+def test_quick_train(quick_commands, tmp_path):
+    ours, theirs = run_quick(quick_commands, "train", tmp_path)
+    assert ours["system"] == "rljax" and theirs["system"] == "torch"
+    assert ours["tok_s"] > 0 and np.isfinite(ours["loss"]) and theirs["ratio"] > 0
+    assert ours["attention"] == "xla"  # auto on CPU
+
+
+def test_quick_mismatch(quick_commands, tmp_path):
+    (row,) = run_quick(quick_commands, "mismatch", tmp_path)
+    assert row["attention"] == "auto->xla" and row["tokens"] == 2 * 2 * 8
+    assert 0 <= row["mean_abs"] <= row["max_abs"] < 0.1
+    assert row["rollout_vs_fp32_max"] < 0.1 and row["trainer_vs_fp32_max"] < 0.1
+
+
+def test_quick_step(quick_commands, tmp_path):
+    (row,) = run_quick(quick_commands, "step", tmp_path)
+    for key in ("gen", "old_log_prob", "ref", "update_actor", "step"):
+        assert row[key] > 0, key
+    assert row["step"] >= row["gen"] + row["update_actor"]
+    assert row["rows"] == 8
+
+
+# ---- pieces ------------------------------------------------------------------------------
+
+
+def test_presets_and_config_json(tmp_path):
+    qwen15 = train.model_config("qwen2.5-1.5b")
+    assert 1.4e9 < qwen15.num_params() < 1.6e9 and qwen15.head_dim == 128 and qwen15.tie_word_embeddings
+    assert 7.0e9 < train.model_config("qwen2.5-7b").num_params() < 7.7e9
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(qwen15.to_hf_dict()))
+    assert train.model_config(str(path)) == qwen15.replace(initializer_range=qwen15.initializer_range)
+    assert train.model_config(str(tmp_path)).hidden_size == 1536  # a folder holding config.json
+    with pytest.raises(SystemExit, match="not a preset"):
+        train.model_config("qwen9-100b")
+
+
+def test_flops_formula_states_flops_per_token():
+    config = ModelConfig(model_type="qwen2", vocab_size=100, hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=4)
+    n = config.num_params(include_embedding=False) + 100 * 16
+    assert config.flops_per_token(64) == 3 * (2 * n + 2 * 2 * 64 * 4 * 4)
+    assert f"{config.flops_per_token(64):.4g}" in train.flops_formula(config, 64)
+
+
+def test_make_batch_packs_segments():
+    b = train.make_batch(2, 12, 50, segments=3)
+    np.testing.assert_array_equal(b["segment_ids"][0], [1] * 4 + [2] * 4 + [3] * 4)
+    np.testing.assert_array_equal(b["positions"][1], [0, 1, 2, 3] * 3)
+    np.testing.assert_array_equal(b["loss_mask"][0], [0, 1, 1, 1] * 3)
+    assert b["input_ids"].max() < 50
+
+
+def test_rollout_rows_align_logprobs_with_ids():
+    from rljax.rollout import Completion
+
+    c = [Completion(0, 0, [5, 6, 7], [8, 9], [-1.0, -2.0], "length"), Completion(0, 1, [5], [4], [-3.0], "length")]
+    ids, mask, response, logprobs = mismatch.rollout_rows(c)
+    assert ids.shape == (2, 16)
+    np.testing.assert_array_equal(ids[0, :6], [5, 6, 7, 8, 9, 0])
+    np.testing.assert_array_equal(response[0, :6], [0, 0, 0, 1, 1, 0])
+    np.testing.assert_array_equal(logprobs[0, :6], [0, 0, 0, -1, -2, 0])
+    np.testing.assert_array_equal(mask[1, :3], [1, 1, 0])
+    assert logprobs[1, 1] == -3.0
+
+
+def test_step_config_is_a_grpo_run_with_a_reference(tmp_path):
+    args = cli.build_parser().parse_args(["bench", "step", "--model", "tiny", "--prompts", "4", "--n", "2"])
+    cfg = step.build_config(args, str(tmp_path))
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor.use_kl_loss and cfg.reward.mode == "inline"
+    assert cfg.data.batch_size == 4 and cfg.rollout.n == 2 and cfg.rollout.max_num_seqs == 8
+    assert cfg.data.train_files[0].startswith("synthetic:arithmetic/rl?n=")
+    assert cfg.model.hf_config["hidden_size"] == train.PRESETS["tiny"]["hidden_size"]
