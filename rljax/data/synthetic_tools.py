@@ -4,7 +4,8 @@ Task ``"tool_arithmetic"``: multiply (by default) two numbers of `min_digits`..`
 digits, ``"347*82="`` -> ``"28454"``. A tiny model cannot do this in its head; it can learn
 to call the ``calculator`` tool (`rljax.agent.tools.CalculatorTool`) and copy the result.
 
-Row formats (what `rljax.data.make_dataset` reads; every row carries the ``tools`` column,
+Row formats (what `rljax.data.make_dataset` reads; every row carries the ``tools`` column
+(unless ``tools=false``),
 the calculator's function schema `CALCULATOR_SCHEMA`, so a rendered prompt is exactly the
 prompt the agent loop renders with ``configs/tools/calculator.yaml``):
 
@@ -26,9 +27,10 @@ prompt the agent loop renders with ``configs/tools/calculator.yaml``):
 
 Knobs: ``min_digits`` / ``max_digits`` (per operand, default 2 / 3), ``operators`` (any of
 ``"+-*"``, default ``"*"``), ``num_operands`` (default 2), ``tool_fraction`` (sft only,
-default 1.0), ``system`` (an optional system prompt; with tools the chat template merges it
-into the tools block). Deterministic in ``seed``; all text is in the char tokenizer's
-alphabet.
+default 1.0), ``tools`` (default true; false: rows have no ``tools`` column, for agents whose
+chat template does not show tool schemas, like the CPU quickstart's), ``system`` (an
+optional system prompt; with tools the chat template merges it into the tools block).
+Deterministic in ``seed``; all text is in the char tokenizer's alphabet.
 """
 
 from __future__ import annotations
@@ -117,6 +119,7 @@ def make_rows(
     system: str | None = None,
     split: str = "train",
     tool_fraction: float = 1.0,
+    tools: bool = True,
     **knobs: Any,
 ) -> list[dict[str, Any]]:
     """`n` rows of `format` ("sft" | "rl") for the tool task (see the module docstring)."""
@@ -130,7 +133,7 @@ def make_rows(
     rows: list[dict[str, Any]] = []
     for i in range(n):
         question, expression, answer = tool_problem(rng, **knobs)
-        tools = [copy.deepcopy(CALCULATOR_SCHEMA)]
+        columns = {"tools": [copy.deepcopy(CALCULATOR_SCHEMA)]} if tools else {}
         if format == "sft":
             if rng.random() < tool_fraction:
                 messages = demonstration(question, expression, answer, system)
@@ -138,7 +141,7 @@ def make_rows(
                 head = [{"role": "system", "content": system}] if system else []
                 messages = head + [{"role": "user", "content": question},
                                    {"role": "assistant", "content": answer}]
-            rows.append({"messages": messages, "tools": tools})
+            rows.append({"messages": messages, **columns})
         else:
             prompt = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": question}]
@@ -149,6 +152,6 @@ def make_rows(
                 "reward_model": {"style": "rule", "ground_truth": answer},
                 "extra_info": {"split": split, "index": i, "question": question,
                                "expression": expression, "answer": answer},
-                "tools": tools,
+                **columns,
             })
     return rows
