@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = ap.parse_args(argv)
     tok = None
     if args.tokenizer:
-        from transformers import AutoTokenizer
+        from rljax.data.tokenizer import load_hf_tokenizer
 
-        tok = AutoTokenizer.from_pretrained(args.tokenizer)
+        tok = load_hf_tokenizer(args.tokenizer)
     result = run_benchmark(args.episodes, args.turns, args.sampler_latency, args.tool_latency, tok)
     print(json.dumps(result, indent=2))
     print(f"concurrent: {result['concurrent_episodes_per_s']:.1f} episodes/s, "

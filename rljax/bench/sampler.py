@@ -2,10 +2,25 @@
 `transformers` `generate` on the same random-weight model, same prompts and lengths.
 
 For each batch size: tokens/s of both (prefill + decode, greedy, every sequence
-generating exactly `--new-tokens`), their ratio, the decode step time, and on GPU the
+generating exactly `--new-tokens`), their ratio, the decode step time next to the
+"matmul floor" (the same model's one-token forward with no cache: the weight matmuls
+every engine's decode step pays, so `hf step time / floor` bounds any ratio), and on GPU the
 fraction of the HBM-bandwidth roofline (weights + KV read per decode step / step time /
-bandwidth). Then the KV pages a group of n=8 samples holds with and without prefix
-sharing. Timings exclude compilation (a warm-up run comes first) and block on results.
+bandwidth).
+
+Then an RL-shaped workload, where a serving engine earns its keep: `--rl-prompts`
+prompts x `--rl-n` samples at temperature 1 (no top-k / top-p), each ending at a stop
+token or `--rl-max-tokens`, so response lengths vary as they do in RL. The stop set is
+`vocab / --rl-mean-len` token ids (a random model's next-token distribution is close to
+uniform, so lengths are roughly geometric with that mean, capped). Both systems keep
+`--rl-concurrency` sequences in flight: `transformers` as `generate` calls of
+`concurrency / n` prompts with `num_return_sequences=n` (each call runs until its longest
+row stops), rljax as one `generate` with `max_num_seqs = concurrency` (a finished
+sequence's slot goes to the next waiting one at once). Throughput counts generated tokens
+up to and including the stop token, for each system its own.
+
+Last, the KV pages a group of n=8 samples holds with and without prefix sharing.
+Timings exclude compilation (a warm-up run comes first) and block on results.
 """
 
 from __future__ import annotations
@@ -39,6 +54,11 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="float32", help="model dtype for both (float32 | bfloat16)")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--attention", default="auto", choices=["auto", "reference", "pallas"])
+    p.add_argument("--rl-prompts", type=int, default=16, help="prompts of the RL-shaped workload (0: skip it)")
+    p.add_argument("--rl-n", type=int, default=8, help="samples per prompt of the RL-shaped workload")
+    p.add_argument("--rl-max-tokens", type=int, default=128, help="response cap of the RL-shaped workload")
+    p.add_argument("--rl-mean-len", type=int, default=48, help="sets the stop set's size (vocab / this)")
+    p.add_argument("--rl-concurrency", type=int, default=32, help="sequences in flight, both systems")
     p.add_argument("--share-n", type=int, default=8, help="n for the prefix-sharing memory rows")
     p.add_argument("--share-prompts", type=int, default=4, help="prompts for the prefix-sharing rows")
     p.add_argument("--share-prompt-len", type=int, default=256, help="prompt length for the prefix-sharing rows")
@@ -65,10 +85,96 @@ def _hf_model(preset: str, dtype: str, path: str, max_len: int):
     return model
 
 
+def _matmul_floor(model, batch: int) -> float:
+    """Seconds of the model's forward over one token per row with no cache: the weight
+    matmuls every decode step does whatever its attention (a floor for any engine)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda state, ids: nnx.merge(graphdef, state)(ids))
+    ids = jnp.zeros((batch, 1), jnp.int32)
+    jax.block_until_ready(forward(state, ids))
+    best = float("inf")
+    for _ in range(20):
+        best = min(best, _time(lambda: jax.block_until_ready(forward(state, ids))))
+    return best
+
+
 def _time(fn) -> float:
     t0 = time.perf_counter()
     fn()  # both return finished results (rljax: host lists; transformers: synchronized)
     return time.perf_counter() - t0
+
+
+RL_COLUMNS = ["prompts", "n", "concurrency", "max_tokens", "rljax_tokens", "rljax_tok_s", "hf_tokens", "hf_tok_s",
+              "ratio", "rljax_mean_len", "hf_mean_len"]
+
+
+def _rl_workload(args, model, hf, torch_device: str, rng, vocab: int) -> dict:
+    """The RL-shaped workload of the module docstring; returns its table row."""
+    import numpy as np
+    import torch
+
+    from rljax.rollout import KVCacheConfig, Sampler, SamplerConfig, SamplingParams
+
+    n, cap, conc = args.rl_n, args.rl_max_tokens, args.rl_concurrency
+    if conc % n:
+        raise SystemExit(f"--rl-concurrency ({conc}) must be a multiple of --rl-n ({n})")
+    stop_ids = sorted(int(t) for t in rng.permutation(np.arange(1, vocab))[: max(1, vocab // args.rl_mean_len)])
+    prompts = rng.integers(0, vocab, size=(args.rl_prompts, args.prompt_len)).tolist()
+    params = SamplingParams(n=n, temperature=1.0, max_tokens=cap, stop_token_ids=stop_ids, ignore_eos=True, seed=0)
+    stop = torch.tensor(stop_ids, device=torch_device)
+    sampler = Sampler(model, SamplerConfig(
+        max_num_seqs=conc,
+        max_num_batched_tokens=max(512, args.prompt_len * 4),
+        max_model_len=-(-(args.prompt_len + cap) // args.page_size) * args.page_size,
+        kv_cache=KVCacheConfig(page_size=args.page_size),
+        attention=args.attention,
+    ))
+
+    def ours() -> int:
+        return sum(len(c.token_ids) for c in sampler.generate(prompts, params))
+
+    def theirs() -> int:
+        total = 0
+        per_call = conc // n
+        for start in range(0, len(prompts), per_call):
+            ids = torch.tensor(prompts[start:start + per_call], dtype=torch.long, device=torch_device)
+            with torch.no_grad():
+                out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                                  top_k=0, top_p=1.0, num_return_sequences=n, max_new_tokens=cap,
+                                  eos_token_id=stop_ids, pad_token_id=0)
+            new = out[:, ids.shape[1]:]
+            is_stop = torch.isin(new, stop)
+            first = torch.where(is_stop.any(1), is_stop.int().argmax(1) + 1, torch.full_like(new[:, 0], new.shape[1]))
+            total += int(first.sum())
+        return total
+
+    ours()  # warm-up (compiles the shapes of this workload)
+    t_ours = t_hf = float("inf")
+    tok_ours = tok_hf = 0
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        tok = ours()
+        if time.perf_counter() - t0 < t_ours:
+            t_ours, tok_ours = time.perf_counter() - t0, tok
+        if not args.no_hf:
+            t0 = time.perf_counter()
+            tok = theirs()
+            if torch_device == "cuda":
+                torch.cuda.synchronize()
+            if time.perf_counter() - t0 < t_hf:
+                t_hf, tok_hf = time.perf_counter() - t0, tok
+    sampler.close()
+    samples = len(prompts) * n
+    row = {"prompts": len(prompts), "n": n, "concurrency": conc, "max_tokens": cap, "rljax_tokens": tok_ours,
+           "rljax_tok_s": tok_ours / t_ours, "rljax_mean_len": tok_ours / samples}
+    if not args.no_hf:
+        row.update(hf_tokens=tok_hf, hf_tok_s=tok_hf / t_hf, hf_mean_len=tok_hf / samples,
+                   ratio=(tok_ours / t_ours) / (tok_hf / t_hf))
+    return row
 
 
 def main(args) -> int:
@@ -90,7 +196,7 @@ def main(args) -> int:
     rng = np.random.default_rng(0)
 
     with tempfile.TemporaryDirectory() as tmp:
-        hf = _hf_model(args.preset, args.dtype, tmp, max_len)
+        hf = _hf_model(args.preset, args.dtype, tmp, max(max_len, p_len + args.rl_max_tokens))
         model = load_hf(tmp, dtype=args.dtype)
     torch_device = "cuda" if torch.cuda.is_available() else "cpu"
     hf = hf.to(torch_device)
@@ -144,6 +250,7 @@ def main(args) -> int:
             "rljax_tok_s": b * n_new / t_full,
             "rljax_s": t_full,
             "decode_step_ms": step_s * 1e3,
+            "matmul_floor_ms": _matmul_floor(model, b) * 1e3,
         }
         if backend == "gpu":
             mean_ctx = p_len + n_new / 2
@@ -154,6 +261,10 @@ def main(args) -> int:
             row["hf_s"] = t_hf
             row["ratio"] = row["rljax_tok_s"] / row["hf_tok_s"]
         rows.append(row)
+
+    rl_rows = []
+    if args.rl_prompts:
+        rl_rows.append(_rl_workload(args, model, hf, torch_device, rng, vocab))
 
     # KV memory of a group of n samples, with and without prefix sharing.
     share_len = args.share_prompt_len
@@ -181,14 +292,18 @@ def main(args) -> int:
     print(f"preset={args.preset} backend={backend} dtype={args.dtype} params={cfg.num_params() / 1e6:.1f}M "
           f"page_size={args.page_size} attention={args.attention} torch_threads={torch.get_num_threads()} "
           f"cpus={os.cpu_count()} load_avg(start, end)=({load[0]:.1f}, {load[1]:.1f})")
-    cols = ["batch", "prompt_len", "new_tokens", "rljax_tok_s", "hf_tok_s", "ratio", "decode_step_ms"]
+    cols = ["batch", "prompt_len", "new_tokens", "rljax_tok_s", "hf_tok_s", "ratio", "decode_step_ms",
+            "matmul_floor_ms"]
     if backend == "gpu":
         cols.append("roofline_frac")
     print_table(rows, [c for c in cols if any(c in r for r in rows)])
     print()
+    if rl_rows:
+        print_table(rl_rows, [c for c in RL_COLUMNS if c in rl_rows[0]])
+        print()
     print_table(memory, ["prefix_sharing", "n", "prompts", "prompt_len", "new_tokens", "peak_pages", "peak_kv_MiB"])
     print(f"compiled programs: {stats['num_compiled_programs']} {stats['compiled_shapes']}")
-    extra = {"memory": memory, "compiled_programs": stats["num_compiled_programs"],
+    extra = {"rl_workload": rl_rows, "memory": memory, "compiled_programs": stats["num_compiled_programs"],
              "compiled_shapes": stats["compiled_shapes"], "preset": args.preset, "dtype": args.dtype,
              "torch_threads": torch.get_num_threads(), "torch_device": torch_device, "cpus": os.cpu_count(),
              "load_avg": load}

@@ -14,6 +14,7 @@ BENCHES: dict[str, str] = {
     "train": "train",
     "mismatch": "mismatch",
     "step": "step",
+    "agent": "agent",
 }
 
 

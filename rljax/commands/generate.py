@@ -53,12 +53,11 @@ def _encode(tokenizer, prompt: str, system: str | None, raw: bool) -> list[int]:
 
 
 def main(args) -> int:
-    from transformers import AutoTokenizer
-
+    from rljax.data.tokenizer import load_hf_tokenizer
     from rljax.models import load_hf
     from rljax.rollout import KVCacheConfig, Sampler, SamplerConfig, SamplingParams
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = load_hf_tokenizer(args.model)
     model = load_hf(args.model, dtype=args.dtype)
     prompts = [_encode(tokenizer, p, args.system, args.raw) for p in args.prompt]
     stop = set(_generation_eos(args.model))

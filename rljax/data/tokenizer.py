@@ -81,11 +81,40 @@ def char_vocab() -> dict[str, int]:
     return vocab
 
 
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def load_hf_tokenizer(path: str):
+    """The tokenizer saved in a folder, as it was saved.
+
+    `transformers.AutoTokenizer.from_pretrained(path)`, except for a folder whose
+    tokenizer_config.json names the generic backend (`TokenizersBackend`, e.g. rljax's
+    character tokenizer exported beside a qwen2-shaped model): transformers 5 then builds
+    the class registered for config.json's model type instead (Qwen2Tokenizer for qwen2),
+    whose own pre-tokenizer silently changes the ids (the char tokenizer's newline is
+    dropped). Such a folder is loaded with `PreTrainedTokenizerFast`, from its
+    tokenizer.json as is.
+    """
+    import json
+    import os
+
+    from transformers import AutoTokenizer
+
+    config_path = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(config_path):
+        with open(config_path) as fh:
+            declared = json.load(fh).get("tokenizer_class")
+        if declared in GENERIC_TOKENIZER_CLASSES:
+            return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
 def build_char_tokenizer(model_max_length: int = 1 << 20) -> PreTrainedTokenizerFast:
     """Build the character-level tokenizer (102 ids) with its ChatML chat template.
 
     Deterministic: every call returns the same vocabulary and template. Works offline, and
-    `save_pretrained(path)` / `transformers.AutoTokenizer.from_pretrained(path)` round-trip.
+    `save_pretrained(path)` / `load_hf_tokenizer(path)` round-trip (also beside a model's
+    config.json, where `transformers.AutoTokenizer` would substitute the model type's class).
     """
     vocab = char_vocab()
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))

@@ -1,7 +1,14 @@
 """The decoder (Llama / Qwen2 / Qwen3) and its Hugging Face I/O."""
 
 from rljax.models.config import DTypePolicy, ModelConfig, RopeConfig, UnsupportedModelError
-from rljax.models.hf import CheckpointMismatchError, load_hf, read_config, save_hf, weight_map
+from rljax.models.hf import (
+    CheckpointMismatchError,
+    load_hf,
+    load_hf_reward_model,
+    read_config,
+    save_hf,
+    weight_map,
+)
 from rljax.models.transformer import Decoder, abstract_model, init_model
 
 __all__ = [
@@ -14,6 +21,7 @@ __all__ = [
     "abstract_model",
     "init_model",
     "load_hf",
+    "load_hf_reward_model",
     "read_config",
     "save_hf",
     "weight_map",

@@ -4,6 +4,8 @@
 set with `model.safetensors.index.json`; fp32, bf16 or fp16 weights) into a `Decoder`.
 `save_hf(model, path)` writes a folder that `transformers.AutoModelForCausalLM.
 from_pretrained(path)` loads offline with no missing or unexpected keys.
+`load_hf_reward_model(path)` reads a reward model `save_hf` exported (HF
+`*ForSequenceClassification`, one label) back into a `ScalarHeadModel`.
 
 One table, `weight_map(config)`, names every tensor in both worlds and says how to turn
 one layout into the other; load, export and weight sync all read it.
@@ -220,7 +222,8 @@ class SafetensorsReader:
         return self._handles[self.file_of[name]].get_slice(name)[index]
 
 
-def read_config(path: str) -> ModelConfig:
+def _read_hf_config(path: str) -> tuple[str, dict]:
+    """(path of config.json, its contents)."""
     cfg_path = os.path.join(path, "config.json")
     if not os.path.exists(cfg_path):
         raise FileNotFoundError(f"{path}: no config.json")
@@ -228,12 +231,19 @@ def read_config(path: str) -> ModelConfig:
         raw = json.load(f)
     if raw.get("model_type") is None:
         raise UnsupportedModelError(f"{cfg_path}: no model_type")
-    return ModelConfig.from_hf_dict(raw)
+    return cfg_path, raw
 
 
-def _expected_hf_shapes(config: ModelConfig, model: Decoder) -> dict[str, tuple[Mapping, int | None, tuple]]:
+def read_config(path: str) -> ModelConfig:
+    return ModelConfig.from_hf_dict(_read_hf_config(path)[1])
+
+
+def _expected_hf_shapes(config: ModelConfig, model: Decoder,
+                        skip: frozenset[str] = frozenset()) -> dict[str, tuple[Mapping, int | None, tuple]]:
     out = {}
     for m in weight_map(config):
+        if m.hf in skip:
+            continue
         abstract = _variable(model, m.rljax).get_value()
         if m.per_layer:
             one = np.empty(abstract.shape[1:], dtype=np.float32)
@@ -245,9 +255,13 @@ def _expected_hf_shapes(config: ModelConfig, model: Decoder) -> dict[str, tuple[
     return out
 
 
-def _check_checkpoint(path: str, config: ModelConfig, model: Decoder, reader: SafetensorsReader) -> None:
-    """Every tensor present, none unexpected, every shape as the config implies."""
-    expected = _expected_hf_shapes(config, model)
+def _check_checkpoint(path: str, config: ModelConfig, model: Decoder, reader: SafetensorsReader,
+                      skip: frozenset[str] = frozenset(), extra: dict[str, tuple] | None = None) -> None:
+    """Every tensor present, none unexpected, every shape as the config implies.
+    `skip`: HF names of `weight_map` the checkpoint does not hold; `extra`: HF names
+    outside it (a head) with their shapes."""
+    expected = _expected_hf_shapes(config, model, skip)
+    expected.update({name: (None, None, tuple(shape)) for name, shape in (extra or {}).items()})
     present = {n for n in reader.names() if not _IGNORED_HF.match(n)}
     if config.tie_word_embeddings:
         present.discard("lm_head.weight")  # some tied checkpoints also store the head
@@ -284,17 +298,36 @@ def load_hf(
     model = abstract_model(config, policy=policy, remat=remat, attention=attention)
     reader = SafetensorsReader(path)
     _check_checkpoint(path, config, model, reader)
+    _fill(model, config, reader, dtype)
+    return model
+
+
+def _fill(model: Decoder, config: ModelConfig, reader: SafetensorsReader, dtype: str, mesh=None,
+          skip: frozenset[str] = frozenset()) -> None:
+    """Set every parameter of `weight_map(config)` (but the HF names in `skip`) from the
+    checkpoint: whole arrays on the default device, or with `mesh` each in its sharded
+    layout, this process reading only the slices its own devices hold."""
+    from jax.sharding import NamedSharding
+
+    from rljax.parallel import logical_to_spec
+
     np_dtype = jnp.dtype(dtype)
     for m in weight_map(config):
+        if m.hf in skip:
+            continue
         var = _variable(model, m.rljax)
-        if m.per_layer:
+        if mesh is not None:
+            shape = tuple(var.get_value().shape)
+            axes = var.get_metadata().get("logical_axes") or (None,) * len(shape)
+            sharding = NamedSharding(mesh, logical_to_spec(axes, shape, mesh, name="/".join(m.rljax)))
+            var.set_value(read_sharded(reader, m, shape, np_dtype, sharding))
+        elif m.per_layer:
             stacked = np.empty(var.get_value().shape, dtype=np_dtype)
             for i in range(config.num_hidden_layers):
                 stacked[i] = m.from_hf(reader.get(m.hf.format(i=i))).astype(np_dtype)
+            var.set_value(jnp.asarray(stacked))
         else:
-            stacked = m.from_hf(reader.get(m.hf)).astype(np_dtype)
-        var.set_value(jnp.asarray(stacked))
-    return model
+            var.set_value(jnp.asarray(m.from_hf(reader.get(m.hf)).astype(np_dtype)))
 
 
 # ---- sharded reading ---------------------------------------------------------------------
@@ -360,22 +393,77 @@ def load_hf_sharded(
     ever holds the whole model. Same checks, names and values as `load_hf`.
 
     `reader` may be passed to instrument reads (tests count the bytes)."""
-    from jax.sharding import NamedSharding
-
-    from rljax.parallel import logical_to_spec
-
     config = read_config(path)
     policy = DTypePolicy(param_dtype=dtype, compute_dtype=compute_dtype or dtype)
     model = abstract_model(config, policy=policy, remat=remat, attention=attention)
     reader = reader if reader is not None else SafetensorsReader(path)
     _check_checkpoint(path, config, model, reader)
-    np_dtype = jnp.dtype(dtype)
-    for m in weight_map(config):
-        var = _variable(model, m.rljax)
-        shape = tuple(var.get_value().shape)
-        axes = var.get_metadata().get("logical_axes") or (None,) * len(shape)
-        sharding = NamedSharding(mesh, logical_to_spec(axes, shape, mesh, name="/".join(m.rljax)))
-        var.set_value(read_sharded(reader, m, shape, np_dtype, sharding))
+    _fill(model, config, reader, dtype, mesh)
+    return model
+
+
+# ---- reward models (*ForSequenceClassification) ------------------------------------------
+
+
+def load_hf_reward_model(
+    path: str,
+    dtype: str = "float32",
+    *,
+    compute_dtype: str | None = None,
+    remat: str = "none",
+    attention: str = "xla",
+    mesh=None,
+) -> ScalarHeadModel:
+    """Load a reward model exported by `save_hf` (HF `*ForSequenceClassification` with
+    `num_labels=1`: the backbone's tensors without `lm_head`, plus `score.weight`
+    `[1, hidden]`) into a `ScalarHeadModel` with parameters in `dtype`; with `mesh`,
+    straight into its sharded layout as `load_hf_sharded` does.
+
+    A reward model has no LM head: for an untied config the backbone is built without
+    its `lm_head` parameter (so `backbone.unembedding()` is unavailable). A folder that
+    is not a one-label sequence-classification checkpoint (a causal LM, `num_labels`
+    != 1, no or a misshapen `score.weight`) raises `CheckpointMismatchError` naming the
+    file and tensor."""
+    cfg_path, raw = _read_hf_config(path)
+    architectures = raw.get("architectures") or []
+    if architectures and not any(str(a).endswith("ForSequenceClassification") for a in architectures):
+        raise CheckpointMismatchError(
+            f"{cfg_path}: architectures {architectures} is not a *ForSequenceClassification reward model "
+            "(load a causal LM with load_hf)"
+        )
+    id2label = raw.get("id2label")
+    num_labels = len(id2label) if isinstance(id2label, dict) else raw.get("num_labels")
+    if num_labels is not None and num_labels != 1:
+        raise CheckpointMismatchError(
+            f"{cfg_path}: num_labels={num_labels}; a reward model has one label (a scalar score)"
+        )
+    config = ModelConfig.from_hf_dict(raw)
+    policy = DTypePolicy(param_dtype=dtype, compute_dtype=compute_dtype or dtype)
+    backbone = abstract_model(config, policy=policy, remat=remat, attention=attention)
+    skip = frozenset() if config.tie_word_embeddings else frozenset({"lm_head.weight"})
+    if skip:
+        del backbone.lm_head
+    reader = SafetensorsReader(path)
+    score_shape = (1, config.hidden_size)
+    if "score.weight" not in reader.names():
+        raise CheckpointMismatchError(
+            f"{os.path.join(path, 'model.safetensors')}: no tensor score.weight {list(score_shape)}; "
+            "not a reward model (*ForSequenceClassification) checkpoint"
+        )
+    if reader.shape("score.weight") != score_shape:
+        raise CheckpointMismatchError(
+            f"{os.path.join(path, reader.file_of['score.weight'])}: tensor score.weight has shape "
+            f"{reader.shape('score.weight')}, a one-label reward model has {score_shape}"
+        )
+    _check_checkpoint(path, config, backbone, reader, skip, {"score.weight": score_shape})
+    _fill(backbone, config, reader, dtype, mesh, skip)
+    model = ScalarHeadModel(backbone, rngs=nnx.Rngs(0))
+    score = jnp.asarray(reader.get("score.weight")[0].astype(jnp.dtype(dtype)))
+    if mesh is not None:
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        score = jax.device_put(score, NamedSharding(mesh, PartitionSpec()))
+    model.score.set_value(score)
     return model
 
 

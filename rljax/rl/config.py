@@ -11,7 +11,7 @@ Sizes in prompts are multiplied by `rollout.n` to get rows, as in verl.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from rljax.data.config import DataConfig
 from rljax.parallel import MeshConfig
@@ -131,9 +131,55 @@ class CustomRewardFunction:
 
 
 @dataclass
+class RewardModelSection:
+    """A trained reward model as the reward (verl's `reward_model.enable`): an HF
+    `*ForSequenceClassification` folder with one label (what `rljax export` writes for
+    an `rm` run) scores the exact `prompt + response` token ids of every sample.
+
+    `combine`: `replace` (the RM score times `weight` is the reward; rule-based scores
+    are still computed where a rule applies, for their metrics) or `add` (rule score +
+    `weight` x RM score). Where no rule reward applies (a data_source with no registered
+    function and no custom function) the rule score counts as 0 instead of an error."""
+
+    enable: bool = False
+    path: str = ""  # HF folder of the exported reward model
+    dtype: str = "float32"  # parameter and compute dtype
+    batch_size: int = 16  # rows per forward (padded up to it; lengths to powers of two)
+    combine: Literal["replace", "add"] = "replace"
+    weight: float = 1.0
+
+
+@dataclass
+class VerifierSection:
+    """A generative verifier as the reward: a causal LM grades each (question, response,
+    ground truth) with greedy decoding in rljax's sampler; the parsed verdict is the score
+    (`rljax.rewards.verifier`). Applied after the reward model, combined the same way.
+
+    `path`: an HF causal-LM folder, or `policy` (the current policy grades itself).
+    Tokenizer: the folder's own if it has one, else the policy's."""
+
+    enable: bool = False
+    path: str = "policy"
+    dtype: str = "float32"
+    prompt_template: str = ""  # str.format over {question} {answer} {ground_truth}; "": the default
+    system_prompt: str = ""
+    parse: Literal["yes_no", "score"] = "yes_no"  # Yes/No -> 1/0 | "Score: x" in [0, 1]
+    failure_score: float = 0.0  # an unparseable verdict (counted in verifier/parse_failures)
+    max_tokens: int = 32  # verdict length
+    max_model_len: int = 0  # grading prompt + verdict; 0: data.max_prompt_length + rollout.response_length + 512
+    max_num_seqs: int = 64
+    num_pages: int = 0  # 0: sized by kv_cache_memory_fraction
+    kv_cache_memory_fraction: float = 0.1
+    combine: Literal["replace", "add"] = "replace"
+    weight: float = 1.0
+
+
+@dataclass
 class RewardConfig:
     custom_reward_function: CustomRewardFunction = field(default_factory=CustomRewardFunction)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    reward_model: RewardModelSection = field(default_factory=RewardModelSection)
+    verifier: VerifierSection = field(default_factory=VerifierSection)
     mode: str = "process"  # process: contained in worker processes (timeouts) | inline: trusted, faster
     timeout_s: float = 10.0
     num_workers: int = 2

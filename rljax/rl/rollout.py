@@ -43,9 +43,13 @@ def generate_and_score(
     params: SamplingParams,
     cfg: RLConfig,
     group_offset: int = 0,
+    model_rewards=None,
 ) -> ScoredRollout:
     """Sample `params.n` responses per prompt and score them; group ids start at
-    `group_offset` so several generation rounds can share one batch."""
+    `group_offset` so several generation rounds can share one batch. `model_rewards`
+    (`rljax.rl.model_rewards.ModelRewards`, when `reward.reward_model` or
+    `reward.verifier` is enabled) adds a reward model's / verifier's scores to the rule
+    scores."""
     completions = generate(prompts["prompt_ids"], params)
     items, samples, records = [], [], []
     for c in completions:
@@ -64,7 +68,12 @@ def generate_and_score(
         ))
         records.append({"data_source": prompts["data_source"][i], "prompt_index": group_offset + i,
                         "solution_str": text})
-    result = reward_manager.score(items)
+    if model_rewards is None:
+        result = reward_manager.score(items)
+    else:
+        raw = prompts.get("raw_prompt")
+        result = model_rewards.score(reward_manager, items, samples,
+                                     None if raw is None else [raw[int(c.request_index)] for c in completions])
     scores = np.asarray(result.scores, np.float32)
     metrics = dict(result.metrics)
     ob = cfg.reward.overlong_buffer

@@ -37,6 +37,7 @@ from rljax.rewards.manager import RewardManager
 from rljax.rl.agent_rollout import agent_config, agent_generate_and_score
 from rljax.rl.batch import build_batch
 from rljax.rl.config import RLConfig
+from rljax.rl.model_rewards import build_model_rewards
 from rljax.rl.objectives import actor_objective, aligned_values, critic_objective
 from rljax.rl.rollout import ScoredRollout, dynamic_sampling, generate_and_score, sampling_params
 from rljax.rl.warmup import run_warmup_sft
@@ -211,6 +212,9 @@ class RLTrainer:
         self.rewards = RewardManager.from_config(
             {"mode": cfg.reward.mode, "num_workers": cfg.reward.num_workers, "timeout_s": cfg.reward.timeout_s},
             dataclasses.asdict(cfg.reward.custom_reward_function) if cfg.reward.custom_reward_function.path else None)
+        # reward.reward_model / reward.verifier: None unless enabled
+        self.model_rewards = build_model_rewards(cfg, self.tokenizer, decoder, lambda: self.actor.state.params,
+                                                 self.mesh)
         self.train_data = make_dataset(cfg.data, self.tokenizer, "train")
         self.checkpointer = Checkpointer(os.path.join(self.run_dir, "checkpoints"), cfg.trainer.max_to_keep,
                                          cfg.trainer.async_save)
@@ -252,7 +256,7 @@ class RLTrainer:
             return agent_generate_and_score(self.sampler, self.rewards, self.tokenizer, prompts, params,
                                             self.agent_config, offset)
         return generate_and_score(self.sampler.generate, self.rewards, self.tokenizer, prompts, params, self.cfg,
-                                  offset)
+                                  offset, self.model_rewards)
 
     def make_batch(self, rollout: ScoredRollout, timer: Timer) -> dict[str, np.ndarray]:
         cfg = self.cfg
@@ -403,6 +407,8 @@ class RLTrainer:
         self.tracker.close()
         self.sampler.close()
         self.rewards.close()
+        if self.model_rewards is not None:
+            self.model_rewards.close()
 
 
 def train_rl(cfg: RLConfig) -> list[dict[str, float]]:

@@ -51,9 +51,9 @@ def load_tokenizer(section: ModelSection):
         return build_char_tokenizer()
     if not source:
         raise ValueError("model.tokenizer: no tokenizer; set model.tokenizer (a folder or 'char') or model.path")
-    from transformers import AutoTokenizer
+    from rljax.data.tokenizer import load_hf_tokenizer
 
-    return AutoTokenizer.from_pretrained(source)
+    return load_hf_tokenizer(source)
 
 
 def model_config_from_section(section: ModelSection, tokenizer) -> ModelConfig:

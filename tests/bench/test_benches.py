@@ -154,3 +154,32 @@ def test_step_config_is_a_grpo_run_with_a_reference(tmp_path):
     assert cfg.data.batch_size == 4 and cfg.rollout.n == 2 and cfg.rollout.max_num_seqs == 8
     assert cfg.data.train_files[0].startswith("synthetic:arithmetic/rl?n=")
     assert cfg.model.hf_config["hidden_size"] == train.PRESETS["tiny"]["hidden_size"]
+
+
+def test_bench_agent_scripted_and_with_a_model(tmp_path):
+    """`rljax bench agent`: the scripted comparison, then the real-model mode on a tiny
+    random policy exported with the char tokenizer (it may or may not call the tool)."""
+    from flax import nnx
+
+    from rljax.cli import main
+    from rljax.data.tokenizer import build_char_tokenizer
+    from rljax.models import ModelConfig, save_hf
+    from rljax.models.transformer import Decoder
+
+    out = tmp_path / "agent.json"
+    assert main(["bench", "agent", "--episodes", "8", "--sampler-latency", "0.02", "--tool-latency", "0.02",
+                 "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["mode"] == "scripted" and result["speedup"] > 2  # 8 overlapping episodes vs one at a time
+
+    tok = build_char_tokenizer()
+    cfg = ModelConfig.from_hf_dict(dict(model_type="qwen2", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1, vocab_size=len(tok),
+                                        eos_token_id=tok.eos_token_id, tie_word_embeddings=True))
+    save_hf(Decoder(cfg, rngs=nnx.Rngs(0)), str(tmp_path / "policy"), tokenizer=tok)
+    assert main(["bench", "agent", "--model", str(tmp_path / "policy"), "--episodes", "4", "--max-tokens", "16",
+                 "--repeats", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["mode"] == "model" and result["num_episodes"] == 4
+    for mode in ("concurrent", "sequential"):
+        assert result[f"{mode}_episodes_per_s"] > 0 and 0.0 <= result[f"{mode}_tool_use_rate"] <= 1.0

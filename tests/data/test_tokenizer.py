@@ -57,3 +57,20 @@ def test_save_and_load_offline(tmp_path, char_tok, monkeypatch):
         "<|im_start|>hi\n", add_special_tokens=False)
     assert (loaded.eos_token, loaded.pad_token) == ("<|im_end|>", "<|pad|>")
     assert loaded.decode(loaded.encode("a b\nc", add_special_tokens=False)) == "a b\nc"
+
+
+def test_load_beside_a_qwen2_model_config_keeps_the_ids(tmp_path, char_tok, monkeypatch):
+    """An exported char-tokenizer model: config.json says qwen2, for which transformers 5
+    substitutes its Qwen2 tokenizer class; `load_hf_tokenizer` keeps the saved one."""
+    import json
+
+    from rljax.data.tokenizer import load_hf_tokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    char_tok.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}))
+    loaded = load_hf_tokenizer(str(tmp_path))
+    text = "<|im_start|>user\n347*821=<|im_end|>\n"
+    assert loaded.encode(text, add_special_tokens=False) == char_tok.encode(text, add_special_tokens=False)
+    assert loaded.get_vocab() == char_tok.get_vocab()
+    assert loaded.chat_template == char_tok.chat_template

@@ -5,6 +5,7 @@ import os
 
 import jax
 import numpy as np
+from flax import nnx
 
 from rljax.config import load_config
 from rljax.rl.config import RLConfig
@@ -58,6 +59,7 @@ def test_ppo_step_updates_actor_and_critic(tmp_path):
     before_actor = jax.device_get(trainer.actor.state.params)
     before_critic = jax.device_get(trainer.critic.state.params)
     metrics = trainer.step()
+    trainer.save()
     trainer.close()
     changed = lambda a, b: any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
     assert changed(before_actor, jax.device_get(trainer.actor.state.params))
@@ -66,3 +68,15 @@ def test_ppo_step_updates_actor_and_critic(tmp_path):
                 "actor/ppo_kl", "actor/entropy", "timing_s/gen", "timing_s/update_critic", "timing_s/update_actor",
                 "response_length/mean", "perf/throughput"):
         assert key in metrics, key
+
+    # `rljax export` of an RL run writes the policy (the actor's parameters, read alone)
+    from rljax.models import load_hf
+    from rljax.train.export import export_checkpoint
+
+    out = export_checkpoint(os.path.join(cfg.trainer.default_local_dir, cfg.trainer.experiment_name),
+                            str(tmp_path / "policy_hf"))
+    exported = jax.device_get(nnx.state(load_hf(out, dtype="float32"), nnx.Param))
+    trained = jax.device_get(trainer.actor.state.params)
+    assert jax.tree.structure(exported) == jax.tree.structure(trained)
+    for x, y in zip(jax.tree.leaves(exported), jax.tree.leaves(trained)):
+        np.testing.assert_array_equal(x, y)

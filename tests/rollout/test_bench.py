@@ -9,7 +9,8 @@ def test_bench_sampler_tiny(tmp_path, capsys):
     out = tmp_path / "sampler.json"
     code = main(["bench", "sampler", "--preset", "tiny", "--batch-sizes", "2", "--prompt-len", "8",
                  "--new-tokens", "4", "--share-n", "2", "--share-prompts", "1", "--share-prompt-len", "20",
-                 "--repeats", "1", "--torch-threads", "1", "--out", str(out)])
+                 "--repeats", "1", "--torch-threads", "1", "--rl-prompts", "2", "--rl-n", "2",
+                 "--rl-concurrency", "2", "--rl-max-tokens", "6", "--rl-mean-len", "3", "--out", str(out)])
     assert code == 0
     result = json.loads(out.read_text())
     (row,) = result["rows"]
@@ -18,4 +19,8 @@ def test_bench_sampler_tiny(tmp_path, capsys):
     assert shared["prefix_sharing"] and not unshared["prefix_sharing"]
     assert shared["peak_pages"] < unshared["peak_pages"]
     assert result["compiled_programs"] >= 2
+    (rl,) = result["rl_workload"]  # 2 prompts x 2 samples, each ends at a stop id or 6 tokens
+    for system in ("rljax", "hf"):
+        assert 4 <= rl[f"{system}_tokens"] <= 4 * 6 and rl[f"{system}_tok_s"] > 0
+    assert rl["ratio"] > 0
     assert "rljax_tok_s" in capsys.readouterr().out
