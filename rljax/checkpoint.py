@@ -13,6 +13,7 @@ import os
 
 import jax
 import orbax.checkpoint as ocp
+from flax import nnx
 
 
 def abstract_like(tree):
@@ -63,6 +64,32 @@ class Checkpointer:
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def restore_params(directory: str, step: int, abstract_params: nnx.State, at: tuple[str, ...]) -> nnx.State:
+    """Only the parameters stored under `at` in a checkpoint's train state (e.g.
+    ``("actor", "params")`` of an RL run), in `abstract_params`' shapes, dtypes and
+    shardings: an orbax partial restore, so optimizer state (and a critic) stay on disk."""
+
+    def leaf(x):  # how nnx.State leaves are stored: {"value": array}
+        return {"value": x}
+
+    target = jax.tree.map(leaf, nnx.to_pure_dict(abstract_params))
+    for key in reversed(at):
+        target = {key: target}
+    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+    manager = ocp.CheckpointManager(directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()})
+    try:
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)))
+    finally:
+        manager.close()
+    tree = restored.state
+    for key in at:
+        tree = tree[key]
+    params = jax.tree.map(lambda x: x, abstract_params)
+    nnx.replace_by_pure_dict(params, jax.tree.map(lambda d: d["value"], tree, is_leaf=lambda d: "value" in d))
+    return params
 
 
 def resolve_checkpoint(path: str) -> tuple[str, int | None]:

@@ -15,6 +15,7 @@ import sys
 COMMANDS: dict[str, str] = {
     "generate": "generate",
     "train": "train",
+    "eval": "eval",
     "export": "export",
     "bench": "bench",
     "plan": "plan",

@@ -33,16 +33,15 @@ from rljax.data import make_dataset
 from rljax.data.synthetic_spec import materialize
 from rljax.models.heads import ScalarHeadModel
 from rljax.parallel import data_parallel_size, make_mesh, shard_batch, state_shardings
-from rljax.rewards.manager import RewardManager
-from rljax.rl.agent_rollout import agent_config, agent_generate_and_score
+from rljax.rl.agent_rollout import agent_config
 from rljax.rl.batch import build_batch
 from rljax.rl.config import RLConfig
+from rljax.rl.evaluate import validate
+from rljax.rl.generation import make_reward_manager, make_round_fn, make_sampler
 from rljax.rl.model_rewards import build_model_rewards
 from rljax.rl.objectives import actor_objective, aligned_values, critic_objective
-from rljax.rl.rollout import ScoredRollout, dynamic_sampling, generate_and_score, sampling_params
+from rljax.rl.rollout import ScoredRollout, dynamic_sampling, sampling_params
 from rljax.rl.warmup import run_warmup_sft
-from rljax.rollout.config import KVCacheConfig, SamplerConfig
-from rljax.rollout.sampler import Sampler
 from rljax.tracking import Tracker
 from rljax.train.optim import OptimConfig, make_optimizer
 from rljax.train.setup import build_decoder, init_sharded_train_state, load_tokenizer, peak_flops, place
@@ -203,18 +202,14 @@ class RLTrainer:
         self.kl_ctrl = get_kl_controller(alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl, alg.kl_ctrl.horizon)
         self.advantage_fn = get_adv_estimator_fn(alg.adv_estimator)
 
-        self.sampler = Sampler(decoder, SamplerConfig(
-            max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
-            max_model_len=cfg.data.max_prompt_length + r.response_length,
-            kv_cache=KVCacheConfig(page_size=r.page_size, num_pages=r.num_pages or None,
-                                   memory_fraction=r.kv_cache_memory_fraction),
-            seed=r.seed))
-        self.rewards = RewardManager.from_config(
-            {"mode": cfg.reward.mode, "num_workers": cfg.reward.num_workers, "timeout_s": cfg.reward.timeout_s},
-            dataclasses.asdict(cfg.reward.custom_reward_function) if cfg.reward.custom_reward_function.path else None)
+        self.sampler = make_sampler(cfg, decoder)
+        self.rewards = make_reward_manager(cfg)
         # reward.reward_model / reward.verifier: None unless enabled
         self.model_rewards = build_model_rewards(cfg, self.tokenizer, decoder, lambda: self.actor.state.params,
                                                  self.mesh)
+        # reference-answer perplexity in validation is scored at temperature 1
+        self.val_log_probs = None if self.agent_config is not None else (
+            self.log_probs if r.temperature == 1.0 else make_log_prob_fn(self.actor.graphdef, 1.0))
         self.train_data = make_dataset(cfg.data, self.tokenizer, "train")
         self.checkpointer = Checkpointer(os.path.join(self.run_dir, "checkpoints"), cfg.trainer.max_to_keep,
                                          cfg.trainer.async_save)
@@ -252,11 +247,9 @@ class RLTrainer:
     def generate_round(self, prompts: dict[str, list], params, offset: int) -> ScoredRollout:
         """One round of sampling and scoring: single-turn, or agent episodes when the
         config has an `agent` section."""
-        if self.agent_config is not None:
-            return agent_generate_and_score(self.sampler, self.rewards, self.tokenizer, prompts, params,
-                                            self.agent_config, offset)
-        return generate_and_score(self.sampler.generate, self.rewards, self.tokenizer, prompts, params, self.cfg,
-                                  offset, self.model_rewards)
+        round_fn = make_round_fn(self.sampler, self.rewards, self.tokenizer, self.cfg, self.agent_config,
+                                 self.model_rewards)
+        return round_fn(prompts, params, offset)
 
     def make_batch(self, rollout: ScoredRollout, timer: Timer) -> dict[str, np.ndarray]:
         cfg = self.cfg
@@ -337,21 +330,9 @@ class RLTrainer:
     # ---- validation, checkpoints, the run ----------------------------------------------
 
     def validate(self) -> dict[str, float]:
-        from rljax.evaluation import validation_metrics
-
-        cfg = self.cfg
-        if not cfg.data.val_files:
-            return {}
-        params = sampling_params(cfg, seed=cfg.rollout.seed, validation=True)
-        records: list[dict] = []
-        offset = 0
-        for prompts in make_dataset(dataclasses.replace(cfg.data, shuffle=False), self.tokenizer, "val"):
-            if not prompts["prompt_ids"]:
-                continue
-            rollout = self.generate_round(prompts, params, offset)
-            offset += len(prompts["prompt_ids"])
-            records += rollout.records
-        return validation_metrics(records)
+        """`rljax.rl.evaluate.validate` with the current policy."""
+        return validate(self.cfg, self.tokenizer, self.generate_round, self.val_log_probs, self.actor.state.params,
+                        data_parallel_size(self.mesh), lambda batch: shard_batch(batch, self.mesh))
 
     def save(self) -> None:
         state: dict[str, Any] = {"actor": self.actor.state}

@@ -45,49 +45,6 @@ def load_run_config(run_dir: str) -> RunConfig:
     return from_dict(RunConfig, _read_config_dict(run_dir))
 
 
-def restore_params(directory: str, step: int, abstract_params: nnx.State, at: tuple[str, ...]) -> nnx.State:
-    """Only the parameters stored under `at` in a checkpoint's train state (e.g.
-    ``("actor", "params")``), in `abstract_params`' shapes, dtypes and shardings."""
-    import orbax.checkpoint as ocp
-
-    def leaf(x):  # how nnx.State leaves are stored: {"value": array}
-        return {"value": x}
-
-    target = jax.tree.map(leaf, nnx.to_pure_dict(abstract_params))
-    for key in reversed(at):
-        target = {key: target}
-    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-    manager = ocp.CheckpointManager(directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()})
-    try:
-        restored = manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True)))
-    finally:
-        manager.close()
-    tree = restored.state
-    for key in at:
-        tree = tree[key]
-    params = jax.tree.map(lambda x: x, abstract_params)
-    nnx.replace_by_pure_dict(params, jax.tree.map(lambda d: d["value"], tree, is_leaf=lambda d: "value" in d))
-    return params
-
-
-def _export_rl_policy(raw_cfg: dict, run_dir: str, directory: str, step: int, out: str, dtype, max_shard_size):
-    from rljax.rl.config import RLConfig
-
-    cfg = from_dict(RLConfig, raw_cfg)
-    tokenizer_dir = os.path.join(run_dir, "tokenizer")
-    tokenizer = load_tokenizer(dataclasses.replace(cfg.model, tokenizer=tokenizer_dir)
-                               if os.path.isdir(tokenizer_dir) else cfg.model)
-    mesh = make_mesh(cfg.mesh)
-    module = nnx.eval_shape(lambda: build_decoder(cfg.model, tokenizer, weights=False, mesh=mesh))
-    graphdef, abstract = nnx.split(module)
-    shardings = state_shardings(abstract, mesh)
-    abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract, shardings)
-    params = restore_params(directory, step, abstract, ("actor", "params"))
-    save_hf(nnx.merge(graphdef, params), out, tokenizer=tokenizer, dtype=dtype, max_shard_size=max_shard_size)
-    return out
-
-
 def abstract_train_state(module: nnx.Module, cfg: RunConfig, mesh):
     """(graphdef, ShapeDtypeStructs of the TrainState with the shardings training used)."""
     graphdef, params = nnx.split(module)
@@ -107,14 +64,13 @@ def export_checkpoint(path: str, out: str, step: int | None = None, dtype: str |
     run_dir = os.path.dirname(directory)
     raw_cfg = _read_config_dict(run_dir)
     if any(k in raw_cfg for k in RL_SECTIONS):
-        step = step if step is not None else found_step
-        if step is None:
-            checkpointer = Checkpointer(directory, max_to_keep=None, async_save=False)
-            step = checkpointer.latest_step()
-            checkpointer.close()
-        if step is None:
-            raise FileNotFoundError(f"{directory}: no checkpoint")
-        return _export_rl_policy(raw_cfg, run_dir, directory, step, out, dtype, max_shard_size)
+        from rljax.rl.config import RLConfig
+        from rljax.rl.policy_checkpoint import load_policy
+
+        cfg = from_dict(RLConfig, raw_cfg)
+        policy, tokenizer, _ = load_policy(cfg, path, make_mesh(cfg.mesh), step)
+        save_hf(policy, out, tokenizer=tokenizer, dtype=dtype, max_shard_size=max_shard_size)
+        return out
     cfg = from_dict(RunConfig, raw_cfg)
     tokenizer_dir = os.path.join(run_dir, "tokenizer")
     tokenizer = load_tokenizer(dataclasses.replace(cfg.model, tokenizer=tokenizer_dir)

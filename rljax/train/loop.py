@@ -17,7 +17,6 @@ import time
 
 import jax
 import numpy as np
-from flax import nnx
 
 from rljax.checkpoint import Checkpointer, abstract_like, resolve_checkpoint
 from rljax.config import config_to_dict, save_config

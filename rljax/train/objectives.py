@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rljax.algos.aggregation import AggTerms
 from rljax.algos.logprobs import log_probs_from_hidden
 from rljax.algos.preference import bradley_terry_loss, dpo_loss, sequence_log_probs
 from rljax.algos.sft import sft_loss
