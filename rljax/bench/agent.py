@@ -15,8 +15,10 @@ Two modes, the same comparison:
 
 Concurrent: `AgentLoop.run(episodes)` (all in flight, the sampler batches their
 requests). Sequential: `max_concurrency=1` (one episode at a time, as a loop that awaits
-each episode would). Each mode runs once untimed first (compilation), then `--repeats`
-timed runs (the fastest is kept: a later run may still meet a shape it must compile).
+each episode would). Real mode also runs the concurrent case with the sampler's prefix
+caching off (each turn then recomputes the whole conversation). Each mode first runs
+untimed until a run compiles no new shape (the shapes depend on how requests happen to
+meet), then `--repeats` timed runs (the fastest is kept).
 """
 
 from __future__ import annotations
@@ -81,15 +83,23 @@ def _real(args) -> dict:
                         sampling_params=SamplingParams(temperature=args.temperature, seed=i, stop_token_ids=stop))
                 for i, r in enumerate(rows)]
 
-    def once(limit: int | None):
+    def once(limit: int | None, prefix_caching: bool):
+        engine = sampler.engine
+        engine.set_prefix_caching(False)  # forget earlier runs: only this run's turns may hit
+        engine.set_prefix_caching(prefix_caching)
         t0 = time.perf_counter()
         trajectories = asyncio.run(loop.run(episodes(), max_concurrency=limit))
         return time.perf_counter() - t0, trajectories
 
     out = {"mode": "model", "model": args.model, "num_episodes": args.episodes, "repeats": args.repeats}
-    for name, limit in (("concurrent", None), ("sequential", 1)):
-        once(limit)  # compile the shapes this mode uses
-        seconds, trajectories = min((once(limit) for _ in range(args.repeats)), key=lambda r: r[0])
+    modes = (("concurrent", None, True), ("sequential", 1, True), ("concurrent_no_prefix_cache", None, False))
+    for name, limit, caching in modes:
+        for _ in range(6):  # warm up until a run compiles nothing new (timing decides the shapes)
+            before = sampler.stats()["num_compiled_programs"]
+            once(limit, caching)
+            if sampler.stats()["num_compiled_programs"] == before:
+                break
+        seconds, trajectories = min((once(limit, caching) for _ in range(args.repeats)), key=lambda r: r[0])
         tokens = sum(int(np.sum(t.response_mask)) for t in trajectories)
         out[f"{name}_s"] = seconds
         out[f"{name}_episodes_per_s"] = args.episodes / seconds
@@ -97,6 +107,7 @@ def _real(args) -> dict:
         out[f"{name}_tool_use_rate"] = float(np.mean([t.tool_calls > 0 for t in trajectories]))
         out[f"{name}_mean_turns"] = float(np.mean([t.num_turns for t in trajectories]))
     out["speedup"] = out["sequential_s"] / out["concurrent_s"]
+    out["prefix_cache_speedup"] = out["concurrent_no_prefix_cache_s"] / out["concurrent_s"]
     out["compiled_programs"] = sampler.stats()["num_compiled_programs"]
     sampler.close()
     return out
@@ -119,5 +130,7 @@ def main(args) -> int:
         print(f"sampled tokens/s: concurrent {result['concurrent_sampled_tokens_per_s']:.0f}, sequential "
               f"{result['sequential_sampled_tokens_per_s']:.0f}; tool-use rate {result['concurrent_tool_use_rate']:.2f}; "
               f"compiled programs {result['compiled_programs']}")
+        print(f"concurrent without prefix caching: {result['concurrent_no_prefix_cache_episodes_per_s']:.1f} "
+              f"episodes/s (prefix caching x{result['prefix_cache_speedup']:.2f})")
     write_json(args.out, "agent", table, result)
     return 0

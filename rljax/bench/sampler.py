@@ -132,6 +132,7 @@ def _rl_workload(args, model, hf, torch_device: str, rng, vocab: int) -> dict:
         max_model_len=-(-(args.prompt_len + cap) // args.page_size) * args.page_size,
         kv_cache=KVCacheConfig(page_size=args.page_size),
         attention=args.attention,
+        enable_prefix_caching=False,  # repeated runs of the same prompts: no free prefills
     ))
 
     def ours() -> int:
@@ -209,6 +210,7 @@ def main(args) -> int:
         max_model_len=-(-max_len // args.page_size) * args.page_size,
         kv_cache=KVCacheConfig(page_size=args.page_size),
         attention=args.attention,
+        enable_prefix_caching=False,  # repeated runs of the same prompts: no free prefills
     ))
     greedy = SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True)
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)

@@ -59,6 +59,11 @@ class SamplerConfig:
         decode kernel for GPU, interpreted elsewhere; prefill stays on the reference),
         or "auto" (the reference until the kernel has been validated on a GPU).
     share_prefix: the n samples of a request share the prompt's full KV pages.
+    enable_prefix_caching: keep the full pages of finished (and preempted) sequences and
+        reuse them for any later sequence that starts with the same tokens: an agent's
+        next turn, a retried prompt (`rljax.rollout.prefix_cache`). Unreferenced cached
+        pages are evicted (least recently used first) before anything is preempted; the
+        cache is cleared when the parameters change.
     num_scheduler_steps: decode steps per engine call (an on-device loop); more
         amortise dispatch and host transfers, fewer let finished sequences hand their
         slot to a waiting one sooner (a sequence that stops mid-call wastes the rest).
@@ -74,6 +79,7 @@ class SamplerConfig:
     kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)
     attention: str = "auto"
     share_prefix: bool = True
+    enable_prefix_caching: bool = True
     num_scheduler_steps: int = 4
     batch_buckets: tuple[int, ...] | None = None
     prefill_chunk_buckets: tuple[int, ...] | None = None

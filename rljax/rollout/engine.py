@@ -58,6 +58,7 @@ from rljax.rollout.kv_cache import (
     plan_cache,
 )
 from rljax.rollout.params import Completion, SamplingParams
+from rljax.rollout.prefix_cache import PrefixCache
 
 DoneCallback = Callable[[list[Completion]], None]
 
@@ -73,8 +74,10 @@ class EngineStats:
     num_generated_tokens: int = 0
     num_preemptions: int = 0
     num_finished_requests: int = 0
+    num_cached_prompt_tokens: int = 0  # tokens a new sequence found in the prefix cache
+    num_cached_pages: int = 0  # pages the prefix cache holds now
     num_compiled_programs: int = 0  # jit cache entries of the step functions
-    peak_pages_used: int = 0
+    peak_pages_used: int = 0  # includes pages the prefix cache keeps
     num_pages: int = 0
     page_size: int = 0
     compiled_shapes: list[str] = field(default_factory=list)  # each traced [rows x tokens, W=width]
@@ -145,6 +148,7 @@ class Engine:
         self.k_cache, self.v_cache = allocate_pools(self.cache_shape, self.cache_sharding)
         self.allocator = PageAllocator(self.cache_shape.num_pages)
         self.page_size = config.kv_cache.page_size
+        self.prefix_cache = PrefixCache(self.allocator, self.page_size) if config.enable_prefix_caching else None
         self.eos_ids = frozenset(model.config.eos_token_ids)
         self.stats = EngineStats(num_pages=self.cache_shape.num_pages, page_size=self.page_size)
         self._decode_buckets = config.decode_buckets()
@@ -211,6 +215,14 @@ class Engine:
                 self.waiting.append(self._new_seq(req, i, list(prompt)))
         return req
 
+    def set_prefix_caching(self, enabled: bool) -> None:
+        """Switch automatic prefix caching on or off between requests (off drops the cache)."""
+        if not enabled and self.prefix_cache is not None:
+            self.prefix_cache.clear()
+            self.prefix_cache = None
+        elif enabled and self.prefix_cache is None:
+            self.prefix_cache = PrefixCache(self.allocator, self.page_size)
+
     def abort_request(self, handle: object) -> None:
         """Drop a request's unfinished sequences and free their pages (its callback is
         not called)."""
@@ -237,6 +249,8 @@ class Engine:
     def reset_cache(self) -> None:
         """Fresh pools (after a failed step that may have consumed the donated ones)."""
         self.k_cache, self.v_cache = allocate_pools(self.cache_shape, self.cache_sharding)
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     def update_params(self, state: nnx.State, copy: bool = False) -> None:
         """Use new parameters (an nnx.State of the same Decoder) from the next step on.
@@ -262,6 +276,8 @@ class Engine:
                 new = new.astype(old.dtype)
             placed.append(jax.device_put(new, old.sharding, may_alias=False if copy else None))
         self.state = jax.tree.unflatten(old_tree, placed)
+        if self.prefix_cache is not None:  # cached keys / values came from the old parameters
+            self.prefix_cache.clear()
 
     # ---- one step ----------------------------------------------------------------------
 
@@ -295,12 +311,27 @@ class Engine:
             if self._slots_used() + seq.slots > self.config.max_num_seqs:
                 return
             need = pages_for(len(seq.tokens), self.page_size) - len(seq.table)
-            if self.running and need > self.allocator.num_free:
+            if self.running and need > self._num_available_pages():
                 return
             self.running.append(self.waiting.popleft())
+            if self.prefix_cache is not None and not seq.table.pages and seq.num_computed == 0:
+                seq.table.adopt(self.prefix_cache.lookup(seq.tokens))
+                seq.num_computed = len(seq.table) * self.page_size
+                self.stats.num_cached_prompt_tokens += seq.num_computed
+
+    def _num_available_pages(self) -> int:
+        """Free pages plus the cached pages nobody holds (evicted on demand)."""
+        evictable = self.prefix_cache.num_evictable if self.prefix_cache is not None else 0
+        return self.allocator.num_free + evictable
+
+    def _release(self, seq: _Sequence) -> None:
+        """Give up a sequence's pages, keeping its full computed pages in the prefix cache."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.register(seq.tokens, seq.table.pages, seq.num_computed)
+        seq.table.free()
 
     def _preempt(self, seq: _Sequence) -> None:
-        seq.table.free()
+        self._release(seq)
         seq.num_computed = 0
         self.running.remove(seq)
         self.waiting.appendleft(seq)
@@ -315,6 +346,9 @@ class Engine:
                 seq.table.grow_to(need)
                 return True
             except OutOfPagesError:
+                short = need - len(seq.table) - self.allocator.num_free
+                if self.prefix_cache is not None and self.prefix_cache.evict(short) == short:
+                    continue
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is seq:
@@ -444,6 +478,8 @@ class Engine:
             child.table.share_from(prefix.table, len(prefix.table))
             child.num_computed = prefix.num_computed
             children.append(child)
+        if self.prefix_cache is not None:  # the prompt's full pages, for later requests
+            self.prefix_cache.register(prefix.tokens, prefix.table.pages, prefix.num_computed)
         prefix.table.free()
         at = self.running.index(prefix)
         self.running[at:at + 1] = children
@@ -463,7 +499,7 @@ class Engine:
         return True
 
     def _finish(self, seq: _Sequence, reason: str) -> None:
-        seq.table.free()
+        self._release(seq)
         self.running.remove(seq)
         req = seq.request
         req.completions[seq.sample_index] = Completion(
@@ -488,7 +524,11 @@ class Engine:
 
     def stats_dict(self) -> dict:
         self.stats.num_compiled_programs = self.num_compiled_programs
+        self.stats.num_cached_pages = len(self.prefix_cache) if self.prefix_cache is not None else 0
         d = self.stats.as_dict()
-        d.update(pages_used=self.allocator.num_used, num_waiting=len(self.waiting), num_running=len(self.running))
+        # pages_used: held by sequences (cached pages nobody holds are free on demand)
+        evictable = self.prefix_cache.num_evictable if self.prefix_cache is not None else 0
+        d.update(pages_used=self.allocator.num_used - evictable, num_waiting=len(self.waiting),
+                 num_running=len(self.running))
         return d
 

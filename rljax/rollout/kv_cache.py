@@ -97,6 +97,12 @@ class PageTable:
         if extra > 0:
             self.pages.extend(self.allocator.allocate(extra))
 
+    def adopt(self, pages: list[int]) -> None:
+        """Start with `pages`, on which the caller already took one reference each."""
+        if self.pages:
+            raise RuntimeError("adopt on a non-empty page table")
+        self.pages = list(pages)
+
     def share_from(self, other: "PageTable", num_pages: int) -> None:
         """Start as a reader of `other`'s first `num_pages` pages (one reference each)."""
         if self.pages:
