@@ -83,6 +83,7 @@ class RolloutConfig:
     page_size: int = 16
     num_pages: int = 0  # 0: sized by kv_cache_memory_fraction
     kv_cache_memory_fraction: float = 0.3
+    enable_prefix_caching: bool = True  # reuse cached pages across requests (agent turns)
     seed: int = 0
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
 
