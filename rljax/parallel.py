@@ -179,10 +179,38 @@ def check_batch(batch_size: int, mesh: AnyMesh, name: str = "batch") -> None:
         )
 
 
+def agree_lengths(batch: dict, allgather=None) -> dict:
+    """Pad every process's `[rows, T, ...]` arrays to the longest T any process has.
+
+    Each process buckets its own rows, so with ragged data processes can pick different
+    lengths, while a global array needs one shape. One small allgather of the lengths per
+    batch (host side, not in a jitted step); a no-op with one process. Padding is 0 in
+    every array (masks, segment ids, positions: "padding"; token ids there are masked out).
+    `allgather` (local int32 vector -> `[processes, n]`) is for tests."""
+    if allgather is None:
+        if jax.process_count() == 1:
+            return batch
+        from jax.experimental import multihost_utils
+
+        allgather = multihost_utils.process_allgather
+    keys = [k for k, v in batch.items() if np.ndim(v) >= 2]
+    local = np.asarray([np.shape(batch[k])[1] for k in keys], np.int32)
+    longest = np.max(np.asarray(allgather(local)).reshape(-1, len(keys)), axis=0) if keys else []
+    out = dict(batch)
+    for key, length in zip(keys, longest):
+        value = np.asarray(batch[key])
+        extra = int(length) - value.shape[1]
+        if extra:
+            out[key] = np.pad(value, [(0, 0), (0, extra)] + [(0, 0)] * (value.ndim - 2))
+    return out
+
+
 def shard_batch(batch: dict, mesh: Mesh) -> dict:
     """Assemble a global batch from each process's rows (dict of numpy arrays), split
-    over data x fsdp. With one process the local rows are the whole batch."""
+    over data x fsdp. With one process the local rows are the whole batch; with several,
+    their sequence lengths are first made to agree (`agree_lengths`)."""
     sharding = batch_sharding(mesh)
+    batch = agree_lengths(batch)
     out = {}
     for key, value in batch.items():
         value = np.asarray(value)

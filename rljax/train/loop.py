@@ -58,7 +58,7 @@ def _tokens(batch: dict) -> int:
 
 def _seq_len(batch: dict) -> int:
     key = "input_ids" if "input_ids" in batch else "chosen_input_ids"
-    return int(np.asarray(batch[key]).shape[1])
+    return int(batch[key].shape[1])
 
 
 def train(cfg: RunConfig) -> dict:
@@ -125,6 +125,7 @@ def _train(cfg: RunConfig, mesh) -> dict:
             "timing_s/data": data_s,
             "perf/throughput": tokens * jax.process_count() / elapsed / jax.device_count(),  # tokens/s/device
             "perf/total_num_tokens": tokens,
+            "perf/seq_len": seq_len,  # padded length of the step's batch (every process's)
         })
         if flops_peak:
             host["perf/mfu"] = tokens * model_config.flops_per_token(seq_len) / elapsed / flops_peak
@@ -140,7 +141,7 @@ def _train(cfg: RunConfig, mesh) -> dict:
         state, metrics = step_fn(state, batch, task.frozen)
         if pending is not None:
             last = flush(pending)
-        pending = (step, metrics, _tokens(host_batch), _seq_len(host_batch), data_s)
+        pending = (step, metrics, _tokens(host_batch), _seq_len(batch), data_s)  # the agreed length
         is_last = step == cfg.trainer.total_steps
         validate_now = evaluate is not None and (is_last or (cfg.trainer.test_freq and step % cfg.trainer.test_freq == 0))
         save_now = is_last or (cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0)

@@ -1,5 +1,6 @@
 """Two processes on localhost (jax.distributed over gloo, 4 CPU devices each) train exactly
-like one process with 8 devices, and write one orbax checkpoint together."""
+like one process with 8 devices, and write one orbax checkpoint together, on data whose
+rows make the two processes bucket their halves of a batch to different lengths."""
 
 import json
 import os
@@ -25,7 +26,21 @@ from rljax.train.tasks import make_task
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "sft_tiny.yaml")
 OVERRIDES = ["trainer.total_steps=3", "data.batch_size=16", "trainer.logger=[jsonl]", "trainer.async_save=false",
-             "trainer.test_freq=0", "data.val_files=[]"]
+             "trainer.test_freq=0", "data.val_files=[]", "data.shuffle=false"]
+
+
+def ragged_rows(path) -> str:
+    """Rows go to processes round-robin (row i to process i % 2): process 0 gets short
+    conversations (one 32-token bucket), process 1 long ones (the 64-token bucket), so
+    the processes pick different lengths unless `shard_batch` makes them agree."""
+    rows = []
+    for i in range(48):
+        a, b = i % 7, i % 5
+        question = f"{a}+{b}=" if i % 2 == 0 else f"{a}+{b}= (please, with care) " + "." * 12
+        rows.append({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": str(a + b)}]})
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return str(path)
 
 
 def metrics(run_dir):
@@ -52,6 +67,8 @@ def restored_params(run_dir, abstract):
 
 
 def test_two_processes_reach_the_same_loss_and_checkpoint_as_one(tmp_path):
+    global OVERRIDES
+    OVERRIDES = [*OVERRIDES, f"data.train_files=[{ragged_rows(tmp_path / 'ragged.jsonl')}]"]
     two = tmp_path / "two"
     cfg2 = load_config(RunConfig, CONFIG, [*OVERRIDES, f"trainer.default_local_dir={two}"])
     run2 = str(two / cfg2.trainer.experiment_name)
@@ -81,6 +98,7 @@ def test_two_processes_reach_the_same_loss_and_checkpoint_as_one(tmp_path):
     m1, m2 = metrics(run1), metrics(run2)
     assert [m["step"] for m in m2] == [1, 2, 3]
     for a, b in zip(m1, m2):
+        assert b["perf/seq_len"] == a["perf/seq_len"] == 64  # process 0's short rows padded to agree
         for key in ("train/loss", "train/grad_norm", "train/loss_denominator"):
             np.testing.assert_allclose(b[key], a[key], rtol=1e-5, err_msg=f"step {a['step']} {key}")
     print("losses", [m["train/loss"] for m in m1], [m["train/loss"] for m in m2])

@@ -88,3 +88,21 @@ def test_constrain_is_a_noop_without_a_mesh_and_pins_the_layout_with_one():
     with jax.set_mesh(mesh):
         used = jax.jit(lambda a: gather_weight(a * 1, ("embed", "heads", "head_dim")))(w)
     assert used.sharding.is_equivalent_to(NamedSharding(mesh, P(None, "tensor", None)), 3)
+
+
+def test_processes_agree_on_the_longest_sequence_length():
+    """Two processes bucketed their own rows to 32 and 48 tokens: both pad to 48, with
+    zeros (padding in every mask), and leave per-row arrays alone."""
+    import numpy as np
+
+    from rljax.parallel import agree_lengths
+
+    mine = {"input_ids": np.ones((2, 32), np.int32), "attention_mask": np.ones((2, 32), np.int32),
+            "group_ids": np.arange(2, dtype=np.int32)}
+    theirs = np.array([48, 48], np.int32)  # the other process's lengths, same keys in the same order
+    out = agree_lengths(mine, allgather=lambda local: np.stack([local, theirs]))
+    assert out["input_ids"].shape == out["attention_mask"].shape == (2, 48)
+    assert (out["attention_mask"][:, 32:] == 0).all() and (out["input_ids"][:, :32] == 1).all()
+    assert out["group_ids"] is mine["group_ids"]
+    same = agree_lengths(mine, allgather=lambda local: np.stack([local, np.array([16, 16], np.int32)]))
+    assert same["input_ids"].shape == (2, 32)  # the longest is ours: nothing to pad
