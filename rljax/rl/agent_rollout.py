@@ -86,8 +86,11 @@ def _check_row_tools(prompts: dict[str, list], schemas: list[dict]) -> None:
 
 
 def agent_generate_and_score(sampler, reward_manager, tokenizer, prompts: dict[str, list], params: SamplingParams,
-                             config: AgentConfig, group_offset: int = 0) -> ScoredRollout:
+                             config: AgentConfig, group_offset: int = 0, model_rewards=None) -> ScoredRollout:
     """`params.n` agent episodes per prompt, scored; group ids start at `group_offset`.
+    With `model_rewards` (`rljax.rl.model_rewards.ModelRewards`) a reward model scores the
+    whole trajectory's tokens (prompt, sampled turns and observations, exactly as
+    trained on) and a verifier grades the final answer, on top of the rule score.
 
     `params.max_tokens` (the rollout's response length) caps each episode's response budget.
     """
@@ -123,7 +126,14 @@ def agent_generate_and_score(sampler, reward_manager, tokenizer, prompts: dict[s
         i = t.metadata["index"]
         items.append({"data_source": prompts["data_source"][i], "solution_str": final_answer(t.messages),
                       "ground_truth": prompts["ground_truth"][i], "extra_info": prompts["extra_info"][i]})
-    result = reward_manager.score(items)
+    if model_rewards is None:
+        result = reward_manager.score(items)
+    else:
+        tokens = [Sample(prompt_ids=list(t.prompt_ids), response_ids=list(t.response_ids), response_mask=[],
+                         response_log_probs=[], group_id=int(t.group_id)) for t in trajectories]
+        conversations = [t.messages[:-1] if t.messages and t.messages[-1].get("role") == "assistant" else t.messages
+                         for t in trajectories]
+        result = model_rewards.score(reward_manager, items, tokens, conversations)
     samples, records = [], []
     for t, item, task_score in zip(trajectories, items, np.asarray(result.scores, np.float32)):
         score = float(task_score) + float(t.reward)

@@ -38,9 +38,10 @@ def make_reward_manager(cfg: RLConfig) -> RewardManager:
 def make_round_fn(sampler: Sampler, rewards: RewardManager, tokenizer, cfg: RLConfig, agent=None,
                   model_rewards=None) -> RoundFn:
     """`round(prompts, params, offset) -> ScoredRollout`: agent episodes when `agent` (an
-    `AgentConfig`) is given, else single-turn sampling (plus `model_rewards` if any)."""
+    `AgentConfig`) is given, else single-turn sampling; scored by `rewards`, plus
+    `model_rewards` (reward model / verifier) when given."""
     if agent is not None:
         return lambda prompts, params, offset: agent_generate_and_score(
-            sampler, rewards, tokenizer, prompts, params, agent, offset)
+            sampler, rewards, tokenizer, prompts, params, agent, offset, model_rewards)
     return lambda prompts, params, offset: generate_and_score(
         sampler.generate, rewards, tokenizer, prompts, params, cfg, offset, model_rewards)

@@ -208,9 +208,6 @@ def build_model_rewards(cfg: RLConfig, tokenizer, policy=None, policy_params: Ca
     rm_cfg, v_cfg = cfg.reward.reward_model, cfg.reward.verifier
     if not (rm_cfg.enable or v_cfg.enable):
         return None
-    if cfg.agent:
-        raise ConfigError("reward.reward_model / reward.verifier: not supported with multi-turn agent rollouts "
-                          "(the agent section)")
     kwargs: dict[str, Any] = {}
     closers: list[Callable[[], None]] = []
     if rm_cfg.enable:

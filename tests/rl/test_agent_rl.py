@@ -263,6 +263,21 @@ def test_agent_generate_and_score_masks_and_rewards(tok):
     assert out.metrics["agent/tool_calls_by_name/calculator"] == 6.0
     assert sorted(s.score for s in out.samples) == [0, 0, 0, 0, 1, 1]
     assert sum(s.truncated for s in out.samples) == 2
+    # a reward model on top (`add`, weight 0.5) scores the whole trajectory's exact tokens
+    from rljax.rl.model_rewards import ModelRewards
+
+    class LengthScorer:
+        def score(self, sequences):
+            return np.asarray([len(x) for x in sequences], np.float32)
+
+    with_rm = agent_generate_and_score(sampler, rewards, tok, prompts, params, config, group_offset=5,
+                                       model_rewards=ModelRewards(scorer=LengthScorer(), rm_combine="add",
+                                                                  rm_weight=0.5))
+    for plain, s, rec in zip(out.samples, with_rm.samples, with_rm.records):
+        assert s.response_ids == plain.response_ids  # seeded episodes: the same trajectories
+        assert s.score == plain.score + 0.5 * (len(s.prompt_ids) + len(s.response_ids))
+        assert rec["reward_model_score"] == len(s.prompt_ids) + len(s.response_ids)
+    assert "reward_model/score/mean" in with_rm.metrics
     # every episode's response budget is the rollout's response length, and the batch fits
     assert max(len(s.response_ids) for s in out.samples) <= 128
     batch = build_batch(out.samples, 16, 400)

@@ -196,9 +196,10 @@ def test_config_sections_and_errors(rm_dirs, tmp_path, tok):
         build_model_rewards(rl_config({"reward_model": {"enable": True, "path": causal}}), tok)
     with pytest.raises(ConfigError, match=r"reward\.verifier\.path='/nowhere/judge': no such directory"):
         build_model_rewards(rl_config({"verifier": {"enable": True, "path": "/nowhere/judge"}}), tok)
-    with pytest.raises(ConfigError, match="agent"):
-        build_model_rewards(from_dict(RLConfig, {"agent": {"max_turns": 2}, "reward": {
-            "reward_model": {"enable": True, "path": rm_dirs[True][1]}}}), tok)
+    with_agent = build_model_rewards(from_dict(RLConfig, {"agent": {"max_turns": 2}, "reward": {
+        "reward_model": {"enable": True, "path": rm_dirs[True][1]}}}), tok)  # agent rollouts score with it too
+    assert with_agent is not None and with_agent.scorer is not None
+    with_agent.close()
 
 
 # ---- combination, without models ------------------------------------------------------------
