@@ -81,7 +81,8 @@ part() {
 if [ "$QUICK" = 1 ]; then
   TRAIN=(--model tiny --batch 8 --seq-len 32 --dtype float32 --steps 1 --warmup 0 --torch-threads 1)
   SAMPLER=(--preset tiny --batch-sizes 2 --prompt-len 8 --new-tokens 4 --dtype float32 --repeats 1
-           --share-n 2 --share-prompts 1 --share-prompt-len 16 --no-hf)
+           --share-n 2 --share-prompts 1 --share-prompt-len 16 --rl-prompts 2 --rl-n 2 --rl-concurrency 2
+           --rl-max-tokens 8 --no-hf)
   MISMATCH=(--model tiny --dtypes bfloat16 --attention auto --prompts 2 --n 2 --prompt-len 8 --new-tokens 8)
   STEP=(--model tiny --prompts 4 --n 2 --response-length 8 --max-prompt-length 48 --dtype float32 --steps 1)
   LIMITS=(120 120 120 180)

@@ -115,7 +115,6 @@ RL_COLUMNS = ["prompts", "n", "concurrency", "max_tokens", "rljax_tokens", "rlja
 def _rl_workload(args, model, hf, torch_device: str, rng, vocab: int) -> dict:
     """The RL-shaped workload of the module docstring; returns its table row."""
     import numpy as np
-    import torch
 
     from rljax.rollout import KVCacheConfig, Sampler, SamplerConfig, SamplingParams
 
@@ -125,7 +124,6 @@ def _rl_workload(args, model, hf, torch_device: str, rng, vocab: int) -> dict:
     stop_ids = sorted(int(t) for t in rng.permutation(np.arange(1, vocab))[: max(1, vocab // args.rl_mean_len)])
     prompts = rng.integers(0, vocab, size=(args.rl_prompts, args.prompt_len)).tolist()
     params = SamplingParams(n=n, temperature=1.0, max_tokens=cap, stop_token_ids=stop_ids, ignore_eos=True, seed=0)
-    stop = torch.tensor(stop_ids, device=torch_device)
     sampler = Sampler(model, SamplerConfig(
         max_num_seqs=conc,
         max_num_batched_tokens=max(512, args.prompt_len * 4),
@@ -139,6 +137,9 @@ def _rl_workload(args, model, hf, torch_device: str, rng, vocab: int) -> dict:
         return sum(len(c.token_ids) for c in sampler.generate(prompts, params))
 
     def theirs() -> int:
+        import torch
+
+        stop = torch.tensor(stop_ids, device=torch_device)
         total = 0
         per_call = conc // n
         for start in range(0, len(prompts), per_call):
@@ -150,7 +151,7 @@ def _rl_workload(args, model, hf, torch_device: str, rng, vocab: int) -> dict:
             new = out[:, ids.shape[1]:]
             is_stop = torch.isin(new, stop)
             first = torch.where(is_stop.any(1), is_stop.int().argmax(1) + 1, torch.full_like(new[:, 0], new.shape[1]))
-            total += int(first.sum())
+            total += int(first.sum())  # int() waits for the device
         return total
 
     ours()  # warm-up (compiles the shapes of this workload)
@@ -164,8 +165,6 @@ def _rl_workload(args, model, hf, torch_device: str, rng, vocab: int) -> dict:
         if not args.no_hf:
             t0 = time.perf_counter()
             tok = theirs()
-            if torch_device == "cuda":
-                torch.cuda.synchronize()
             if time.perf_counter() - t0 < t_hf:
                 t_hf, tok_hf = time.perf_counter() - t0, tok
     sampler.close()
@@ -178,16 +177,32 @@ def _rl_workload(args, model, hf, torch_device: str, rng, vocab: int) -> dict:
     return row
 
 
+def _rljax_model(preset: str, dtype: str, max_len: int):
+    """The preset as a random rljax Decoder (no torch: `--no-hf`)."""
+    from flax import nnx
+
+    from rljax.models import DTypePolicy, ModelConfig
+    from rljax.models.transformer import Decoder
+
+    cls_name, kwargs = PRESETS[preset]
+    model_type = {"LlamaConfig": "llama", "Qwen2Config": "qwen2", "Qwen3Config": "qwen3"}[cls_name]
+    config = ModelConfig.from_hf_dict({"model_type": model_type, **kwargs,
+                                       "max_position_embeddings": max(max_len, 128)})
+    return Decoder(config, policy=DTypePolicy(param_dtype=dtype, compute_dtype=dtype), rngs=nnx.Rngs(0))
+
+
 def main(args) -> int:
+    import importlib
+
     import jax
     import numpy as np
-    import torch
 
     from rljax.bench.report import print_table, write_json
     from rljax.models import load_hf
     from rljax.rollout import KVCacheConfig, Sampler, SamplerConfig, SamplingParams
 
-    if args.torch_threads:
+    torch = None if args.no_hf else importlib.import_module("torch")  # --no-hf runs without torch
+    if torch is not None and args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     load_before = os.getloadavg()[0]
@@ -196,11 +211,16 @@ def main(args) -> int:
     backend = jax.default_backend()
     rng = np.random.default_rng(0)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        hf = _hf_model(args.preset, args.dtype, tmp, max(max_len, p_len + args.rl_max_tokens))
-        model = load_hf(tmp, dtype=args.dtype)
-    torch_device = "cuda" if torch.cuda.is_available() else "cpu"
-    hf = hf.to(torch_device)
+    model_len = max(max_len, p_len + args.rl_max_tokens)
+    hf, torch_device = None, None
+    if torch is None:
+        model = _rljax_model(args.preset, args.dtype, model_len)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            hf = _hf_model(args.preset, args.dtype, tmp, model_len)
+            model = load_hf(tmp, dtype=args.dtype)
+        torch_device = "cuda" if torch.cuda.is_available() else "cpu"
+        hf = hf.to(torch_device)
     cfg = model.config
     vocab = cfg.vocab_size
     max_seqs = max(max(batch_sizes), args.share_n * args.share_prompts)
@@ -221,10 +241,10 @@ def main(args) -> int:
     rows = []
     for b in batch_sizes:
         prompts = rng.integers(0, vocab, size=(b, p_len)).tolist()
-        ids = torch.tensor(prompts, dtype=torch.long, device=torch_device)
-        mask = torch.ones_like(ids)
 
         def hf_generate(max_new: int):
+            ids = torch.tensor(prompts, dtype=torch.long, device=torch_device)
+            mask = torch.ones_like(ids)
             with torch.no_grad():
                 out = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
                                   min_new_tokens=max_new, pad_token_id=0)
@@ -292,7 +312,7 @@ def main(args) -> int:
 
     load = (load_before, os.getloadavg()[0])
     print(f"preset={args.preset} backend={backend} dtype={args.dtype} params={cfg.num_params() / 1e6:.1f}M "
-          f"page_size={args.page_size} attention={args.attention} torch_threads={torch.get_num_threads()} "
+          f"page_size={args.page_size} attention={args.attention} torch_threads={torch.get_num_threads() if torch else '-'} "
           f"cpus={os.cpu_count()} load_avg(start, end)=({load[0]:.1f}, {load[1]:.1f})")
     cols = ["batch", "prompt_len", "new_tokens", "rljax_tok_s", "hf_tok_s", "ratio", "decode_step_ms",
             "matmul_floor_ms"]
@@ -307,7 +327,7 @@ def main(args) -> int:
     print(f"compiled programs: {stats['num_compiled_programs']} {stats['compiled_shapes']}")
     extra = {"rl_workload": rl_rows, "memory": memory, "compiled_programs": stats["num_compiled_programs"],
              "compiled_shapes": stats["compiled_shapes"], "preset": args.preset, "dtype": args.dtype,
-             "torch_threads": torch.get_num_threads(), "torch_device": torch_device, "cpus": os.cpu_count(),
+             "torch_threads": torch.get_num_threads() if torch else None, "torch_device": torch_device, "cpus": os.cpu_count(),
              "load_avg": load}
     write_json(args.out, "sampler", rows, extra)
     return 0

@@ -24,3 +24,26 @@ def test_bench_sampler_tiny(tmp_path, capsys):
         assert 4 <= rl[f"{system}_tokens"] <= 4 * 6 and rl[f"{system}_tok_s"] > 0
     assert rl["ratio"] > 0
     assert "rljax_tok_s" in capsys.readouterr().out
+
+
+def test_bench_sampler_no_hf_needs_no_torch(tmp_path, monkeypatch):
+    """`--no-hf` (e.g. an accelerator machine without torch) builds the model in rljax and
+    never imports torch."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_torch(name, *args, **kwargs):
+        if name == "torch" or name.startswith("torch.") or name == "transformers":
+            raise ImportError(f"{name} is not available here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    out = tmp_path / "sampler.json"
+    assert main(["bench", "sampler", "--preset", "tiny", "--batch-sizes", "2", "--prompt-len", "8",
+                 "--new-tokens", "4", "--share-n", "2", "--share-prompts", "1", "--share-prompt-len", "20",
+                 "--repeats", "1", "--no-hf", "--rl-prompts", "1", "--rl-n", "2", "--rl-concurrency", "2",
+                 "--rl-max-tokens", "4", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["rows"][0]["rljax_tok_s"] > 0 and "hf_tok_s" not in result["rows"][0]
+    assert result["rl_workload"][0]["rljax_tokens"] >= 2 and "hf_tokens" not in result["rl_workload"][0]
