@@ -176,7 +176,6 @@ class RLTrainer:
             cfg = run_warmup_sft(cfg, self.run_dir)
         self.cfg = cfg
         a, r, alg = cfg.actor, cfg.rollout, cfg.algorithm
-        self.rng = np.random.default_rng(cfg.trainer.seed)
 
         decoder = build_decoder(cfg.model, self.tokenizer, mesh=self.mesh)
         objective, totals = actor_objective(a, r.temperature)
@@ -301,11 +300,13 @@ class RLTrainer:
             rollout = self.rollout(timer)
             batch = self.make_batch(rollout, timer)
             metrics = dict(rollout.metrics)
+            # mini-batch order: a function of (seed, step), so a resumed run shuffles as the original
+            rng = np.random.default_rng([self.cfg.trainer.seed, self.step_count])
             if self.critic is not None:
                 with timer("update_critic"):
-                    metrics.update(self.critic.update(batch, self.mesh, self.rng))
+                    metrics.update(self.critic.update(batch, self.mesh, rng))
             with timer("update_actor"):
-                metrics.update(self.actor.update(batch, self.mesh, self.rng, self.reference))
+                metrics.update(self.actor.update(batch, self.mesh, rng, self.reference))
             with timer("update_weights"):
                 self.sampler.update_params(self.actor.state.params)
         self.step_count += 1
