@@ -38,6 +38,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--kv-seqs", type=int, default=None, help="sequences in the KV cache (default 64)")
     parser.add_argument("--kv-len", type=int, default=None, help="tokens per cached sequence (default 2048)")
     parser.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the compute dtype)")
+    parser.add_argument("--backend", default="gpu", choices=["gpu", "tpu", "cpu"],
+                        help="the platform `model.attention: auto` resolves for (default gpu)")
     parser.add_argument("--reference", action="store_true",
                         help="add a frozen reference model (automatic for trainer.algorithm=dpo)")
     parser.add_argument("--critic", action="store_true", help="add a trained critic of the same size (PPO)")
@@ -116,6 +118,16 @@ class Plan:
             self.total += int(nbytes)
 
 
+def resolved_attention(name: str, backend: str, compute_dtype: str, head_dim: int) -> str:
+    """The kernel `model.attention` runs on `backend` ("auto" is decided there by dtype and
+    head size: `rljax.models.attention.choose_attention`)."""
+    if name != "auto":
+        return name
+    from rljax.models.attention import choose_attention
+
+    return choose_attention(backend, compute_dtype, head_dim, True)
+
+
 def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, remat: str,
                      attention: str = "xla") -> int:
     """Activations kept for the backward pass of one micro-batch on one device.
@@ -137,7 +149,7 @@ def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, 
                         cfg.intermediate_size, cfg.num_hidden_layers)
     c = compute_bytes
     per_token = c * (4 * e + (2 * h + 2 * k) * d / tensor + 3 * m / tensor)
-    scores = (4 + c) * h * seq / tensor if attention == "xla" else 0
+    scores = (4 + c) * h * seq / tensor if attention == "xla" else 0  # the other kernels are flash-style
     one_layer = rows * seq * (per_token + scores)
     if remat == "none":
         return int(L * one_layer)
@@ -188,7 +200,7 @@ def _rl_settings(raw: dict) -> dict:
 def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float | None = None,
               micro_batch: int | None = None, seq_len: int | None = None, kv_seqs: int | None = None,
               kv_len: int | None = None, kv_dtype: str | None = None, reference: bool = False,
-              critic: bool = False) -> Plan:
+              critic: bool = False, backend: str = "gpu") -> Plan:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -243,7 +255,9 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
         f"{' (abstract)' if devices else ''}",
         f"param {policy.param_dtype}, compute {policy.compute_dtype}; micro-batch {micro} rows "
         f"({rows} per device) x {seq} tokens, {num_micro} micro-batch(es) per step; remat={section.remat}, "
-        f"attention={section.attention}",
+        f"attention={section.attention}"
+        + (f" (-> {resolved_attention(section.attention, backend, policy.compute_dtype, cfg.head_dim)} on "
+           f"{backend})" if section.attention == "auto" else ""),
     ])
     plan.add(f"params ({policy.param_dtype})", p_bytes)
     plan.add("optimizer state (AdamW mu + nu)", o_bytes)
@@ -259,8 +273,9 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
         plan.add(f"reference model ({policy.param_dtype}, frozen)", p_bytes)
     if critic:
         plan.add("critic: params + optimizer + gradients", p_bytes + o_bytes + p_bytes)
+    kernel = resolved_attention(section.attention, backend, policy.compute_dtype, cfg.head_dim)
     for remat in ("none", "save_dots", "full"):
-        act = activation_bytes(cfg, rows, seq, tensor, c, remat, section.attention)
+        act = activation_bytes(cfg, rows, seq, tensor, c, remat, kernel)
         plan.add(f"activations, remat={remat}" + (" (configured)" if remat == section.remat else ""),
                  act, count=remat == section.remat)
     plan.add("logits, chunked log-probs", logits_bytes(cfg, rows, seq, tensor))
@@ -321,7 +336,7 @@ def main(args) -> int:
         plan = make_plan(raw, devices=args.devices, device_memory_gb=args.device_memory_gb,
                          micro_batch=args.micro_batch, seq_len=args.seq_len, kv_seqs=args.kv_seqs,
                          kv_len=args.kv_len, kv_dtype=args.kv_dtype, reference=args.reference,
-                         critic=args.critic)
+                         critic=args.critic, backend=args.backend)
     except (ConfigError, ShardingError) as e:
         raise SystemExit(f"plan: {e}") from None
     print(render(plan))

@@ -51,3 +51,21 @@ def test_plan_reads_rl_configs():
     assert "reference model (float32, frozen)" in names  # actor.use_kl_loss
     assert "x 1024 tokens" in plan.title[1] and "micro-batch 128 rows (16 per device)" in plan.title[1]
     assert plan.kv[0][0].startswith("kv cache: 256 seqs x 1024 tokens")
+
+
+def test_auto_attention_is_planned_as_the_kernel_it_resolves_to():
+    """`attention: auto` keeps [T, T] probabilities only where it falls back to xla: fp32
+    on a GPU, or a CPU; bf16 on a GPU runs cuDNN's flash kernel, TPU runs splash."""
+    def activations(backend, dtype):
+        plan = make_plan(load_raw(CONFIG, ["model.attention=auto", f"model.compute_dtype={dtype}"]), devices=8,
+                         backend=backend)
+        return rows(plan)["activations, remat=none (configured)"], plan.title[1]
+
+    flash, title = activations("gpu", "bfloat16")
+    assert "(-> cudnn on gpu)" in title
+    fallback, title = activations("gpu", "float32")
+    assert "(-> xla on gpu)" in title
+    assert activations("tpu", "bfloat16")[1].endswith("(-> splash on tpu)")
+    assert fallback > 2 * flash  # fp32 doubles A; the probs add more on top
+    cpu, _ = activations("cpu", "bfloat16")
+    assert cpu > flash  # the same dtype with the [T, T] probs
