@@ -130,8 +130,7 @@ def test_sft_demonstration_equals_agent_trajectory(case, tok):
         from transformers import AutoTokenizer
 
         path = os.path.join(os.environ["RLJAX_TEST_TOKENIZERS"], case)
-        if not os.path.isdir(path):
-            pytest.skip(f"no {path}")
+        assert os.path.isdir(path), f"RLJAX_TEST_TOKENIZERS has no {case}/ (see tests/agent/conftest.py)"
         tok = AutoTokenizer.from_pretrained(path)
     if case == "quickstart":  # rows without tools, an agent template that does not show them
         config = AgentConfig(max_response_tokens=1024, chat_template=quickstart_config().agent["chat_template"])
