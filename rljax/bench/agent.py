@@ -85,8 +85,9 @@ def _real(args) -> dict:
 
     def once(limit: int | None, prefix_caching: bool):
         engine = sampler.engine
-        engine.set_prefix_caching(False)  # forget earlier runs: only this run's turns may hit
         engine.set_prefix_caching(prefix_caching)
+        if engine.prefix_cache is not None:
+            engine.prefix_cache.clear()  # forget earlier runs: only this run's turns may hit
         t0 = time.perf_counter()
         trajectories = asyncio.run(loop.run(episodes(), max_concurrency=limit))
         return time.perf_counter() - t0, trajectories

@@ -63,10 +63,13 @@ def reference_nll(log_probs: LogProbFn, params, samples: list[Sample], cfg: RLCo
 
 
 def validate(cfg: RLConfig, tokenizer, round_fn: RoundFn, log_probs: LogProbFn | None = None, params=None,
-             rows_multiple: int = 1, shard=lambda batch: batch,
-             batches: Iterable[dict[str, list]] | None = None) -> dict[str, float]:
+             mesh=None, batches: Iterable[dict[str, list]] | None = None) -> dict[str, float]:
     """Validation metrics (module docstring) over `batches` (default: `data.val_files`).
-    Without `log_probs`, no perplexity."""
+    Without `log_probs`, no perplexity; with a `mesh`, its batches are sharded over it."""
+    from rljax.parallel import data_parallel_size, shard_batch
+
+    rows_multiple = 1 if mesh is None else data_parallel_size(mesh)
+    shard = (lambda batch: batch) if mesh is None else (lambda batch: shard_batch(batch, mesh))
     if batches is None:
         if not cfg.data.val_files:
             return {}
@@ -102,7 +105,7 @@ def evaluate(cfg: RLConfig, checkpoint: str | None = None, work_dir: str = "runs
     from flax import nnx
 
     from rljax.data.synthetic_spec import materialize
-    from rljax.parallel import data_parallel_size, make_mesh, shard_batch
+    from rljax.parallel import make_mesh
     from rljax.rl.agent_rollout import agent_config
     from rljax.rl.generation import make_reward_manager, make_round_fn, make_sampler
     from rljax.rl.model_rewards import build_model_rewards
@@ -129,8 +132,7 @@ def evaluate(cfg: RLConfig, checkpoint: str | None = None, work_dir: str = "runs
     try:
         round_fn = make_round_fn(sampler, rewards, tokenizer, cfg, agent, model_rewards)
         log_probs = None if agent is not None else make_log_prob_fn(graphdef, 1.0)
-        return validate(cfg, tokenizer, round_fn, log_probs, params, data_parallel_size(mesh),
-                        lambda batch: shard_batch(batch, mesh))
+        return validate(cfg, tokenizer, round_fn, log_probs, params, mesh)
     finally:
         sampler.close()
         rewards.close()

@@ -333,7 +333,7 @@ class RLTrainer:
     def validate(self) -> dict[str, float]:
         """`rljax.rl.evaluate.validate` with the current policy."""
         return validate(self.cfg, self.tokenizer, self.generate_round, self.val_log_probs, self.actor.state.params,
-                        data_parallel_size(self.mesh), lambda batch: shard_batch(batch, self.mesh))
+                        self.mesh)
 
     def save(self) -> None:
         state: dict[str, Any] = {"actor": self.actor.state}

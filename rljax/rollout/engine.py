@@ -311,7 +311,7 @@ class Engine:
             if self._slots_used() + seq.slots > self.config.max_num_seqs:
                 return
             need = pages_for(len(seq.tokens), self.page_size) - len(seq.table)
-            if self.running and need > self._num_available_pages():
+            if self.running and need > self.allocator.num_free and need > self._num_available_pages():
                 return
             self.running.append(self.waiting.popleft())
             if self.prefix_cache is not None and not seq.table.pages and seq.num_computed == 0:

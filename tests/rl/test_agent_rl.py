@@ -42,8 +42,9 @@ from rljax.rewards.manager import RewardManager
 from rljax.rl.agent_rollout import agent_config, agent_generate_and_score, resolve_tool_config_path
 from rljax.rl.batch import build_batch
 from rljax.rl.config import RLConfig
-from rljax.rl.trainer import RLTrainer, Timer
+from rljax.rl.trainer import RLTrainer
 from rljax.rollout.params import Completion, SamplingParams
+from tests.rl.test_rl_train import capture_batches
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS_YAML = os.path.join(REPO, "configs", "tools", "calculator.yaml")
@@ -352,14 +353,7 @@ def test_one_agent_rl_step_on_tiny_model(tmp_path, tok):
     finally:
         os.chdir(cwd)
     trainer.sampler = FirstTurnScripted(trainer.sampler, tok)
-    captured = {}
-    make_batch = trainer.make_batch
-
-    def spy(rollout, timer):
-        captured["rollout"], captured["batch"] = rollout, make_batch(rollout, timer)
-        return captured["batch"]
-
-    trainer.make_batch = spy
+    captured = capture_batches(trainer)
     before = jax.device_get(trainer.actor.state.params)
     try:
         metrics = trainer.step()

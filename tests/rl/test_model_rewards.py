@@ -42,7 +42,7 @@ from rljax.rl.model_rewards import ModelRewards, build_model_rewards
 from rljax.rl.rollout import generate_and_score, sampling_params
 from rljax.rl.trainer import RLTrainer
 from rljax.rollout.params import Completion, SamplingParams
-from tests.rl.test_rl_train import make_config
+from tests.rl.test_rl_train import capture_batches, make_config
 
 VOCAB = 102  # = len(build_char_tokenizer()): the RM shares the policy's vocabulary in the RL test
 
@@ -316,14 +316,7 @@ def test_grpo_step_rewards_are_reward_model_scores(tmp_path, rm_dirs, tok):
                       f"reward.reward_model.path={rm_path}", "reward.reward_model.batch_size=8")
     trainer = RLTrainer(cfg)
     assert trainer.model_rewards.rm_reuses_ids  # the RM folder's tokenizer is the policy's
-    captured = {}
-    make_batch = trainer.make_batch
-
-    def spy(rollout, timer):
-        captured["rollout"], captured["batch"] = rollout, make_batch(rollout, timer)
-        return captured["batch"]
-
-    trainer.make_batch = spy
+    captured = capture_batches(trainer)
     try:
         metrics = trainer.step()
         # the same trainer, now with the policy grading its own samples (verifier.path: policy)

@@ -39,6 +39,19 @@ def make_config(tmp_path, *overrides):
         *overrides])
 
 
+def capture_batches(trainer) -> dict:
+    """Record the rollout and batch of the trainer's next step(s) in the returned dict."""
+    captured = {}
+    make_batch = trainer.make_batch
+
+    def spy(rollout, timer):
+        captured["rollout"], captured["batch"] = rollout, make_batch(rollout, timer)
+        return captured["batch"]
+
+    trainer.make_batch = spy
+    return captured
+
+
 def test_grpo_raises_a_learnable_reward(tmp_path):
     cfg = make_config(tmp_path, "trainer.total_steps=14", "actor.optim.lr=1e-2", "actor.optim.weight_decay=0.0",
                       "algorithm.adv_estimator=grpo")

@@ -1,7 +1,6 @@
 """The shared train step: exact micro-batching, skipped non-finite steps, sharded equality."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -9,7 +8,7 @@ from flax import nnx
 
 from rljax.algos.aggregation import AggTerms
 from rljax.models import ModelConfig, init_model
-from rljax.parallel import MeshConfig, batch_sharding, make_mesh, shard_batch, state_shardings
+from rljax.parallel import MeshConfig, make_mesh, shard_batch, state_shardings
 from rljax.train.objectives import sft_objective
 from rljax.train.steps import init_train_state, make_train_step
 
