@@ -12,6 +12,15 @@ Group statistics use `jax.ops.segment_sum` over `num_groups` segments: static, j
 estimators use the sequence score s_i = sum_t token_level_rewards[i, t] and broadcast the
 per-sequence advantage over the response mask. As in verl, a group with a single sample
 gets mean 0 and std 1.
+
+Multi-turn trajectories. A row is [prompt][turn 1][observation][turn 2]...[padding], and
+only the tokens the policy sampled have response_mask 1; tool outputs and user turns inside
+the trajectory are masked like the prompt and the padding. The outcome reward sits on the
+last sampled token. Every estimator here treats a masked span as absent: it is not a time
+step (no discount, no reset, no TD error), its own advantage and return are 0, and the
+output on the sampled tokens equals that of the same row with the masked tokens removed.
+Sequence-level estimators therefore give every sampled token of every turn the same
+advantage.
 """
 
 from __future__ import annotations
@@ -91,10 +100,13 @@ def compute_gae_advantage_return(
         A_t     = delta_t + gamma lam A_next
         V_next <- V_t if m_t else V_next;   A_next <- A_t if m_t else A_next
 
-    Masked tokens (tool observations, padding) neither receive their own TD error nor
-    break the recursion: the next policy token's value and advantage are carried across
-    them. returns = A + V (before whitening); advantages = masked_whiten(A).
-    Sources: Schulman et al. 2016, arXiv:1506.02438; verl `compute_gae_advantage_return`.
+    Masked spans (prompt, tool observations, user turns, padding) neither receive their own
+    TD error nor break the recursion: the next sampled token's value and advantage are
+    carried across them, and their advantage and return are 0. returns = A + V (before
+    whitening); advantages = masked_whiten(A) over the sampled tokens.
+    Sources: Schulman et al. 2016, arXiv:1506.02438; verl `compute_gae_advantage_return`
+    (which leaves the carried A, and A + V with the masked token's own V, on masked
+    positions; the losses mask them, so only those unused entries differ).
     """
     rewards = as_float(token_level_rewards).astype(jnp.float32)
     values = as_float(values).astype(jnp.float32)
@@ -112,8 +124,8 @@ def compute_gae_advantage_return(
     zeros = jnp.zeros(rewards.shape[:1], jnp.float32)
     _, adv_t = jax.lax.scan(step, (zeros, zeros), (rewards.T, values.T, mask.T), reverse=True)
     advantages = adv_t.T
-    returns = advantages + values
-    return masked_whiten(advantages, mask), returns
+    returns = (advantages + values) * mask
+    return masked_whiten(advantages, mask) * mask, returns
 
 
 # --------------------------------------------------------------------------- group baselines
@@ -132,8 +144,9 @@ def compute_grpo_outcome_advantage(
     """GRPO outcome advantage:  A_i = (s_i - mean_g) / (std_g + epsilon), broadcast over tokens.
 
     std is the unbiased group std. With `norm_adv_by_std_in_grpo=False`: A_i = s_i - mean_g
-    (Dr. GRPO). Sources: Shao et al. 2024 (DeepSeekMath), arXiv:2402.03300; Liu et al. 2025
-    (Dr. GRPO), arXiv:2503.20783; verl `compute_grpo_outcome_advantage`.
+    (Dr. GRPO). Every sampled token of every turn gets A_i; masked (prompt, observation,
+    padding) tokens get 0. Sources: Shao et al. 2024 (DeepSeekMath), arXiv:2402.03300; Liu et
+    al. 2025 (Dr. GRPO), arXiv:2503.20783; verl `compute_grpo_outcome_advantage`.
     """
     scores = _scores(token_level_rewards)
     mean, std = group_mean_std(scores, index, num_groups)
@@ -150,7 +163,11 @@ def compute_dr_grpo_outcome_advantage(
     num_groups: int | None = None,
     **kwargs: object,
 ) -> Pair:
-    """Dr. GRPO:  A_i = s_i - mean_g (GRPO without the std division; arXiv:2503.20783)."""
+    """Dr. GRPO:  A_i = s_i - mean_g (GRPO without the std division), broadcast over the
+    sampled tokens of every turn; masked (prompt, observation, padding) tokens get 0.
+    Sources: Liu et al. 2025, arXiv:2503.20783; verl `compute_grpo_outcome_advantage` with
+    `norm_adv_by_std_in_grpo=False`.
+    """
     return compute_grpo_outcome_advantage(
         token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=False, num_groups=num_groups
     )
@@ -171,9 +188,10 @@ def compute_grpo_passk_outcome_advantage(
         A_best = (s_max - s_second_max) [/ (std_g + epsilon)],   A_other = 0
 
     (ties: the lowest batch index is "best"). Needs >= 2 samples per group; verl raises
-    otherwise, we raise when `index` is concrete and give 0 under `jit`. Sources: Chen et
-    al. 2025, "Pass@k Training...", arXiv:2503.19595 (as cited by verl);
-    verl `compute_grpo_passk_outcome_advantage`.
+    otherwise, we raise when `index` is concrete and give 0 under `jit`. The per-sequence
+    value is broadcast over the sampled tokens of every turn; masked (prompt, observation,
+    padding) tokens get 0. Sources: Chen et al. 2025, "Pass@k Training...", arXiv:2503.19595
+    (as cited by verl); verl `compute_grpo_passk_outcome_advantage`.
     """
     idx = _index(index)
     g = _num_groups(idx, num_groups)
@@ -203,7 +221,8 @@ def compute_rloo_outcome_advantage(
     **kwargs: object,
 ) -> Pair:
     """RLOO: leave-one-out baseline,  A_i = s_i - (sum_{j in g, j != i} s_j) / (n - 1)
-    = n/(n-1) (s_i - mean_g); a single-sample group keeps A_i = s_i (verl).
+    = n/(n-1) (s_i - mean_g); a single-sample group keeps A_i = s_i (verl). Broadcast over
+    the sampled tokens of every turn; masked (prompt, observation, padding) tokens get 0.
 
     Sources: Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740; verl
     `compute_rloo_outcome_advantage`.
@@ -227,8 +246,12 @@ def compute_opo_outcome_advantage(
     """OPO: length-weighted group baseline,  A_i = s_i - sum_g(|y_j| s_j) / sum_g |y_j|
     (baseline 0 for a single-sample group, verl).
 
-    |y_j| = number of response tokens. Sources: Hao et al. 2025, "On-Policy RL with Optimal
-    Reward Baseline", arXiv:2505.23585; verl `compute_opo_outcome_advantage`.
+    |y_j| = the number of sampled tokens (the response-mask sum), not the span length: the
+    optimal baseline weighs a sample by ||grad log pi(y_j)||^2, which the paper takes as
+    proportional to |y_j|, and observation / padding tokens carry no policy gradient (verl
+    uses the response-mask sum too). A_i is broadcast over the sampled tokens of every turn;
+    masked tokens get 0. Sources: Hao et al. 2025, "On-Policy RL with Optimal Reward
+    Baseline", arXiv:2505.23585; verl `compute_opo_outcome_advantage`.
     """
     scores = _scores(token_level_rewards)
     lengths = jnp.sum(as_float(response_mask).astype(jnp.float32), axis=-1)
@@ -250,8 +273,9 @@ def compute_gpg_outcome_advantage(
     """GPG advantage:  A_i = alpha (s_i - mean_g) / f_norm,  alpha = B / max(#{i: s_i != 0}, 1).
 
     alpha rescales the batch gradient for samples with a zero score (as verl, which computes
-    alpha this way whatever `alpha` argument it is given). Sources: Chu et al. 2025,
-    arXiv:2504.02546; verl `compute_gpg_outcome_advantage`.
+    alpha this way whatever `alpha` argument it is given). A_i is broadcast over the sampled
+    tokens of every turn; masked (prompt, observation, padding) tokens get 0. Sources: Chu et
+    al. 2025, arXiv:2504.02546; verl `compute_gpg_outcome_advantage`.
     """
     scores = _scores(token_level_rewards)
     mean, _ = group_mean_std(scores, index, num_groups)
@@ -264,18 +288,31 @@ def compute_gpg_outcome_advantage(
 
 
 def discounted_returns(token_level_rewards: ArrayLike, response_mask: ArrayLike, gamma: float = 1.0) -> jax.Array:
-    """G_t = r_t + gamma G_{t+1}, with G_{t+1} reset to 0 after a masked position (EOS).
+    """Discounted return over the sampled tokens only, multi-turn safe.
 
-    Following verl's REINFORCE++: the running return is multiplied by m_t after each step,
-    so nothing flows backwards across a masked position.
+    Backwards over t, with m the response mask (1 = a sampled token):
+
+        G_t = m_t (r_t + gamma G_next);   G_next <- G_t if m_t else G_next
+
+    so a masked span (observation, user turn, prompt, padding) is skipped: it neither resets
+    nor advances (discounts) the running return, and gets return 0. In a 2-turn episode the
+    first turn's tokens see the outcome, discounted by the number of sampled tokens between
+    them and the reward. Rewards on masked positions are ignored (rljax puts the score on the
+    last sampled token and masks the KL penalty).
+
+    verl's REINFORCE++ instead multiplies the running return by m_t after each step, which
+    is right for one turn with trailing padding but zeroes the return at every observation
+    span: every turn but the last gets return 0 whatever the outcome. On single-turn rows
+    the sampled tokens' returns are the same as verl's.
     """
     rewards = as_float(token_level_rewards).astype(jnp.float32)
     mask = as_float(response_mask).astype(jnp.float32)
 
     def step(running: jax.Array, xs: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         r, m = xs
-        ret = r + gamma * running
-        return ret * m, ret
+        ret = m * (r + gamma * running)
+        running = ret + (1.0 - m) * running
+        return running, ret
 
     _, returns_t = jax.lax.scan(step, jnp.zeros(rewards.shape[:1], jnp.float32), (rewards.T, mask.T), reverse=True)
     return returns_t.T
@@ -288,9 +325,15 @@ def compute_reinforce_plus_plus_outcome_advantage(
     gamma: float = 1.0,
     **kwargs: object,
 ) -> Pair:
-    """REINFORCE++:  A = masked_whiten(G) * m, with G the discounted return (batch whitening).
+    """REINFORCE++:  A = masked_whiten(G) * m, with G the discounted return (batch whitening
+    over the sampled tokens).
 
-    Sources: Hu 2025, arXiv:2501.03262; verl `compute_reinforce_plus_plus_outcome_advantage`.
+    G is `discounted_returns`: only sampled tokens are discounted and receive returns; masked
+    spans (observations, user turns, prompt, padding) are skipped without resetting the
+    return and get advantage and return 0. Differs from verl, which resets the return at
+    every masked token (so earlier turns of a multi-turn episode get 0); single-turn rows
+    agree. Sources: Hu 2025, arXiv:2501.03262; verl
+    `compute_reinforce_plus_plus_outcome_advantage`.
     """
     mask = as_float(response_mask).astype(jnp.float32)
     returns = discounted_returns(token_level_rewards, mask, gamma)
@@ -306,7 +349,11 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     **kwargs: object,
 ) -> Pair:
     """REINFORCE++-baseline:  A = masked_whiten((s_i - mean_g) m) * m  (group mean, then
-    batch whitening). Sources: Hu 2025, arXiv:2501.03262; verl
+    batch whitening over the sampled tokens; no discount, gamma is not used, as verl).
+
+    The centred score is broadcast over the sampled tokens of every turn and masked tokens
+    (prompt, observation, padding) get 0; whitening statistics count sampled tokens only.
+    Sources: Hu 2025, arXiv:2501.03262; verl
     `compute_reinforce_plus_plus_baseline_outcome_advantage`.
     """
     mask = as_float(response_mask).astype(jnp.float32)
@@ -323,13 +370,18 @@ def compute_remax_outcome_advantage(
     response_mask: ArrayLike,
     **kwargs: object,
 ) -> Pair:
-    """ReMax:  G_t = sum_{t' >= t} m r,  A_t = G_t - b m_t  with b the reward of the greedy
-    response (`reward_baselines` [B]). Sources: Li et al. 2023, arXiv:2310.10505; verl
-    `compute_remax_outcome_advantage`.
+    """ReMax:  G_t = m_t sum_{t' >= t} m r,  A_t = (G_t - b) m_t  with b the reward of the
+    greedy response (`reward_baselines` [B]); undiscounted.
+
+    Rewards on masked positions are ignored and masked spans (prompt, observations, user
+    turns, padding) get return and advantage 0, so with the outcome on the last sampled token
+    every sampled token of every turn gets s - b. verl leaves the running sum (and A = G) on
+    masked positions; the losses mask them, so only those unused entries differ. Sources:
+    Li et al. 2023, arXiv:2310.10505; verl `compute_remax_outcome_advantage`.
     """
     mask = as_float(response_mask).astype(jnp.float32)
     rewards = as_float(token_level_rewards).astype(jnp.float32) * mask
-    returns = jnp.flip(jnp.cumsum(jnp.flip(rewards, -1), axis=-1), -1)
+    returns = jnp.flip(jnp.cumsum(jnp.flip(rewards, -1), axis=-1), -1) * mask
     adv = returns - as_float(reward_baselines).astype(jnp.float32)[:, None] * mask
     return adv, returns
 

@@ -68,18 +68,17 @@ def test_masked_stats_against_numpy():
 
 # ---------------------------------------------------------------- GAE
 def gae_reference(rewards, values, mask, gamma, lam):
-    """Plain loop from the recursion: masked tokens neither advance nor receive it."""
+    """Plain loop from the recursion: masked tokens neither advance nor receive it (0 there)."""
     b, t = rewards.shape
     adv = np.zeros((b, t))
     for i in range(b):
         next_value, next_adv = 0.0, 0.0
         for s in reversed(range(t)):
-            delta = rewards[i, s] + gamma * next_value - values[i, s]
-            a = delta + gamma * lam * next_adv
             if mask[i, s]:
-                next_value, next_adv = values[i, s], a
-            adv[i, s] = next_adv
-    return adv, adv + values
+                delta = rewards[i, s] + gamma * next_value - values[i, s]
+                next_value, next_adv = values[i, s], delta + gamma * lam * next_adv
+                adv[i, s] = next_adv
+    return adv, np.where(mask > 0, adv + values, 0.0)
 
 
 def test_gae_hand_computed():
@@ -209,14 +208,15 @@ def test_grpo_passk_hand_computed():
 
 
 def returns_reference(rewards, mask, gamma):
+    """Plain loop: discount over sampled tokens only; masked tokens are skipped (return 0)."""
     b, t = rewards.shape
     out = np.zeros((b, t))
     for i in range(b):
         running = 0.0
         for s in reversed(range(t)):
-            running = rewards[i, s] + gamma * running
-            out[i, s] = running
-            running *= mask[i, s]
+            if mask[i, s]:
+                running = rewards[i, s] + gamma * running
+                out[i, s] = running
     return out
 
 
@@ -231,6 +231,14 @@ def test_reinforce_plus_plus():
     sel = ref[m > 0]
     expected = np.where(m > 0, (ref - sel.mean()) / np.sqrt(sel.var(ddof=1) + 1e-8), 0.0)
     _close(adv, expected, tol=1e-4)
+
+
+def test_reinforce_plus_plus_against_reference_loop():
+    rng = np.random.default_rng(1)
+    r = rng.normal(size=(4, 9)).astype(np.float32)
+    m = (rng.random((4, 9)) > 0.3).astype(np.float32)
+    _, ret = J(compute_reinforce_plus_plus_outcome_advantage, r, m, gamma=0.9)
+    _close(ret, returns_reference(r, m, 0.9), tol=1e-4)
 
 
 def test_reinforce_plus_plus_baseline():
