@@ -1,11 +1,15 @@
 """Rewards: rule-based scorers keyed by ``data_source`` (verl's ``compute_score``), custom
 reward files, a reward model, a generative verifier, and a contained batch manager.
 
-Registered data sources (`known_data_sources()`): ``openai/gsm8k``, ``gsm8k``;
-``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500``,
-``math``; ``math_dapo``, ``aime*``; ``countdown``, ``countdown*``; ``format/think_answer``;
+Registered data sources (`known_data_sources()`), verl's names sent where verl's
+``default_compute_score`` sends them: ``openai/gsm8k``, ``gsm8k``; ``lighteval/MATH``,
+``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500`` (`math_boxed`);
+``math_dapo``, ``math``, ``math_dapo_reasoning``, ``aime*`` (`math_dapo`); ``numina_*``
+(verl's six, `numina`); ``hiyouga/geometry3k`` (`geo3k`); ``searchR1_*`` (verl's seven,
+`search_r1`); ``countdown``, ``countdown*``; ``format/think_answer``;
 ``synthetic/arithmetic``, ``synthetic/reverse``, ``synthetic/uppercase``, ``synthetic/*``;
-``synthetic/tool_arithmetic`` (`rljax.rewards.synthetic_tools`).
+``synthetic/tool_arithmetic`` (`rljax.rewards.synthetic_tools`). `has_reward_fn` warns
+once per data source that has none.
 
 This package does not import JAX: reward worker processes load it cheaply.
 `ScalarHeadScorer` (JAX) is imported on first use.
@@ -36,6 +40,7 @@ from rljax.rewards.registry import (
     default_compute_score,
     get_answer_extractor,
     get_reward_fn,
+    has_reward_fn,
     known_data_sources,
     register_answer_extractor,
     register_reward,
@@ -80,6 +85,7 @@ __all__ = [
     "format_ok",
     "get_answer_extractor",
     "get_reward_fn",
+    "has_reward_fn",
     "known_data_sources",
     "last_boxed_only_string",
     "load_function",

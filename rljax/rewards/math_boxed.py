@@ -1,10 +1,17 @@
-"""MATH-style rewards: the last ``\\boxed{}`` answer compared with `math_equal`.
+"""MATH-style rewards (verl's ``reward_score/math_reward.py``): the last ``\\boxed{}``
+answer compared with `math_equal`.
 
-Registered for the MATH datasets verl knows (``lighteval/MATH``,
-``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500``) and ``math``. Score
-1.0 when the boxed answer equals the ground truth after normalisation (see
-`rljax.rewards.math_normalize`), else 0.0; no box -> 0.0. A ground truth that is a full
-solution (contains ``\\boxed``) is reduced to its boxed answer first.
+Registered for the names verl's ``default_compute_score`` sends to ``math_reward``:
+``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500``
+(``math`` goes to the DAPO scorer, as in verl). Score 1.0 when the boxed answer equals
+the ground truth after normalisation (see `rljax.rewards.math_normalize`), else 0.0; no
+box -> 0.0. A ground truth that is a full solution (contains ``\\boxed``) is reduced to
+its boxed answer first.
+
+Deliberate differences from verl (README, "Rule rewards and verl"): numbers compare by
+value (verl: only ``0.5`` and ``a/b`` are rewritten as ``\\frac``, so ``0.25`` !=
+``\\frac14``), and the normaliser also strips ``\\displaystyle``, ``\\text{...}`` units
+without a leading space and thousands separators.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from typing import Any
 from rljax.rewards.math_normalize import canonical_answer, extract_boxed_answer, math_equal
 from rljax.rewards.registry import register_answer_extractor, register_reward
 
-MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math")
+MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
 
 
 def reference_answer(ground_truth: Any) -> str:

@@ -6,11 +6,13 @@ used by verl's ``reward_score/math.py``), extended with exact numeric equality:
 * `last_boxed_only_string` finds the last ``\\boxed{...}`` / ``\\fbox{...}`` (nested
   braces matched) or ``\\boxed 5`` form; `remove_boxed` returns its content.
 * `normalize_math_answer` strips what does not change the value: spacing commands
-  (``\\!``, ``\\,``, ``\\;``, spaces), ``\\left`` / ``\\right``, ``\\displaystyle``, degree
-  signs (``^\\circ``), dollars, percent signs, a trailing unit in ``\\text{ cm}`` /
-  ``\\mbox{...}``, a trailing ``.``, a short ``x =`` prefix, thousands separators; it
-  writes ``\\dfrac`` / ``\\tfrac`` as ``\\frac``, ``\\frac12`` as ``\\frac{1}{2}`` and
-  ``\\sqrt3`` as ``\\sqrt{3}``, and ``.5`` as ``0.5``.
+  (``\\!``, ``\\,``, ``\\;``, ``\\ ``, spaces; a ``\\\\`` row break is kept, so
+  ``\\begin{pmatrix} 1 \\\\ -2 \\end{pmatrix}`` becomes
+  ``\\begin{pmatrix}1\\\\-2\\end{pmatrix}``), ``\\left`` / ``\\right``,
+  ``\\displaystyle``, degree signs (``^\\circ``), dollars, percent signs, a trailing
+  unit in ``\\text{ cm}`` / ``\\mbox{...}``, a trailing ``.``, a short ``x =`` prefix,
+  thousands separators; it writes ``\\dfrac`` / ``\\tfrac`` as ``\\frac``, ``\\frac12``
+  as ``\\frac{1}{2}``, ``\\sqrt3`` as ``\\sqrt{3}`` and ``.5`` as ``0.5``.
 * `math_equal(a, b)`: the normalised strings are equal, or both parse (`parse_number`) to
   the same rational number: ``0.5 == \\frac12 == 1/2 == \\frac{2}{4}``, ``-\\frac{1}{2} ==
   \\frac{-1}{2}``, ``1,000 == 1000``. Numbers compare exactly (`fractions.Fraction`), so
@@ -68,11 +70,13 @@ def extract_boxed_answer(text: str) -> str | None:
 
 # ---- normalisation -----------------------------------------------------------------------
 
-_SPACING = re.compile(r"\\[!,;: ]|\\quad|\\qquad")
+# A TeX row break ``\\`` is matched first and kept, so the second backslash of
+# ``\\ `` is never read as the spacing command ``\ `` (verl's ``math_dapo`` normaliser does).
+_SPACING = re.compile(r"\\\\|\\[!,;: ]|\\quad(?![a-zA-Z])|\\qquad(?![a-zA-Z])")
 _LEFT_RIGHT = re.compile(r"\\(?:left|right)(?![a-zA-Z])|\\displaystyle(?![a-zA-Z])")
 _DEGREES = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°")
 _TRAILING_UNIT = re.compile(r"^(.+?)\s*\\(?:text|mbox|mathrm)\s*\{[^{}]*\}(?:\^\{?\d\}?)?\s*$")
-_TEXT_WRAP = re.compile(r"\\(?:text|textbf|mbox|mathrm)\s*\{([^{}]*)\}")
+_TEXT_WRAP = re.compile(r"\\(?:text|textbf|mbox|mathrm)\s*\{((?:[^{}]|\{[^{}]*\})*)\}")  # one brace level inside
 _SHORT_LHS = re.compile(r"[a-zA-Z][a-zA-Z0-9_]?")
 _SQRT_SHORT = re.compile(r"\\sqrt([^{\[\\])")
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
@@ -116,10 +120,14 @@ def _fix_fracs(s: str) -> str:
         i = den[1]
 
 
+def _space_or_row_break(m: re.Match) -> str:
+    return m.group() if m.group() == "\\\\" else " "
+
+
 def normalize_math_answer(answer: str) -> str:
     """Canonical string form of a final answer (see the module docstring)."""
     s = str(answer).strip().replace("\n", "")
-    s = _SPACING.sub(" ", s)
+    s = _SPACING.sub(_space_or_row_break, s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = _LEFT_RIGHT.sub("", s)
     s = _DEGREES.sub("", s)

@@ -17,12 +17,15 @@ is what majority voting (`rljax.evaluation`) compares.
 from __future__ import annotations
 
 import fnmatch
+import logging
 from typing import Any, Callable, Generic, Iterable, TypeVar
 
 RewardFn = Callable[..., "float | dict[str, Any]"]
 Extractor = Callable[[str], "str | None"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+logger = logging.getLogger("rljax.rewards")
 
 _GLOB_CHARS = frozenset("*?[")
 
@@ -121,6 +124,28 @@ def get_reward_fn(data_source: str) -> RewardFn:
     """The reward function registered for `data_source` (`UnknownDataSourceError` if none)."""
     _ensure_builtins()
     return REWARDS.get(data_source)
+
+
+def has_reward_fn(data_source: str, *, warn: bool = True) -> bool:
+    """Whether a reward function is registered for `data_source`. The first miss of each
+    name logs a loud warning (once per process and name, however many rows ask): callers
+    that then score such rows 0 (a reward model run) must not do it silently."""
+    _ensure_builtins()
+    if data_source in REWARDS:
+        return True
+    if warn and data_source not in _WARNED_UNSCORED:
+        _WARNED_UNSCORED.add(data_source)
+        logger.warning(
+            "!!! NO REWARD FUNCTION for data_source %r: no rule scores its samples (with a reward "
+            "model or verifier they get rule score 0.0). Register one with @register_reward(%r) or "
+            "set reward.custom_reward_function.path; the README's 'Rule rewards and verl' lists the "
+            "verl data sources rljax scores. Known: %s. (Logged once per data_source.)",
+            data_source, data_source, ", ".join(REWARDS.names()),
+        )
+    return False
+
+
+_WARNED_UNSCORED: set[str] = set()
 
 
 def get_answer_extractor(data_source: str) -> Extractor | None:

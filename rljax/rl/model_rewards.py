@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from rljax.config import ConfigError
-from rljax.rewards.registry import REWARDS, _ensure_builtins
+from rljax.rewards.registry import has_reward_fn
 from rljax.rewards.result import RewardResult, collect_extras
 from rljax.rewards.verifier import DEFAULT_TEMPLATE, GenerativeVerifier, parse_score, parse_yes_no
 from rljax.rl.config import RLConfig
@@ -100,8 +100,8 @@ class ModelRewards:
     def rule_scores(self, reward_manager, items: Sequence[Mapping[str, Any]]) -> RewardResult:
         """The manager's scores of the items a rule applies to; 0 (and no extras) elsewhere."""
         if getattr(reward_manager, "uses_registry", False):
-            _ensure_builtins()
-            applies = [i for i, item in enumerate(items) if item["data_source"] in REWARDS]
+            # a data source with no rule scores 0 here: `has_reward_fn` says so once, loudly
+            applies = [i for i, item in enumerate(items) if has_reward_fn(item["data_source"])]
         else:
             applies = list(range(len(items)))
         if len(applies) == len(items):

@@ -265,7 +265,7 @@ class Judge:
         return out
 
 
-def test_verifier_verdict_is_the_reward(tok):
+def test_verifier_verdict_is_the_reward(tok, caplog):
     prompts = {"prompt_ids": [[5, 6], [7]], "data_source": ["my/judged_only"] * 2, "ground_truth": ["12", "5"],
                "extra_info": [{"question": "5+7="}, {}], "raw_prompt": [[{"role": "user", "content": "5+7="}],
                                                                           [{"role": "user", "content": "2+3="}]]}
@@ -283,6 +283,9 @@ def test_verifier_verdict_is_the_reward(tok):
         rollout = generate_and_score(generate, manager, tok, prompts, SamplingParams(n=2, max_tokens=8), cfg, 10,
                                      rewards)
     assert [s.score for s in rollout.samples] == [2.0, 0.0, 2.0, 0.0]  # no rule applies: 0 + 2 x verdict
+    # ... which is said once, loudly, not silently
+    assert len([r for r in caplog.records if "NO REWARD FUNCTION for data_source 'my/judged_only'"
+                in r.getMessage()]) == 1
     assert [r["verifier_output"] for r in rollout.records] == ["Yes", "No", "Yes", "hmm"]
     assert rollout.metrics["verifier/parse_failures"] == 1.0  # "hmm" scores the failure score 0
     batch = build_batch(rollout.samples, 8, 16)
