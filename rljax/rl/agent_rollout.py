@@ -39,7 +39,8 @@ from rljax.agent import AgentConfig, AgentLoop, Episode, RolloutSamplerAdapter, 
 from rljax.agent.config import from_dict as agent_config_from_dict
 from rljax.agent.tools.registry import load_tools
 from rljax.rl.batch import Sample
-from rljax.rl.rollout import ScoredRollout
+from rljax.rl.config import OverlongBufferConfig
+from rljax.rl.rollout import ScoredRollout, overlong_shaping
 from rljax.rollout.params import SamplingParams
 
 TRUNCATED = ("max_response_tokens", "max_tokens_per_turn", "length", "overflow")
@@ -86,13 +87,16 @@ def _check_row_tools(prompts: dict[str, list], schemas: list[dict]) -> None:
 
 
 def agent_generate_and_score(sampler, reward_manager, tokenizer, prompts: dict[str, list], params: SamplingParams,
-                             config: AgentConfig, group_offset: int = 0, model_rewards=None) -> ScoredRollout:
+                             config: AgentConfig, group_offset: int = 0, model_rewards=None,
+                             overlong_buffer: OverlongBufferConfig | None = None) -> ScoredRollout:
     """`params.n` agent episodes per prompt, scored; group ids start at `group_offset`.
     With `model_rewards` (`rljax.rl.model_rewards.ModelRewards`) a reward model scores the
     whole trajectory's tokens (prompt, sampled turns and observations, exactly as
     trained on) and a verifier grades the final answer, on top of the rule score.
 
-    `params.max_tokens` (the rollout's response length) caps each episode's response budget.
+    `params.max_tokens` (the rollout's response length) caps each episode's response budget;
+    with `overlong_buffer` enabled, DAPO's overlong shaping penalises an episode whose whole
+    response (sampled turns and observations) reaches into the last `len` tokens of it.
     """
     config = dataclasses.replace(config, max_response_tokens=min(config.max_response_tokens, params.max_tokens))
     tools = load_tools(config.tool_config_path) if config.tool_config_path else None
@@ -102,12 +106,15 @@ def agent_generate_and_score(sampler, reward_manager, tokenizer, prompts: dict[s
     episodes = []
     for i, messages in enumerate(prompts["raw_prompt"]):
         for k in range(params.n):
-            seed = None if params.seed is None else params.seed * 1009 + (group_offset + i) * params.n + k
+            # one random stream per episode, kept for all its turns (later turns sample at
+            # later positions, so they continue the stream; `rljax.rollout.sampling`)
+            stream = params.stream + (group_offset + i) * params.n + k
             episodes.append(Episode(
                 messages=list(messages), group_id=group_offset + i,
                 sampling_params=SamplingParams(
                     n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                    min_p=params.min_p, seed=seed, stop_token_ids=tuple(params.stop_token_ids) + stop),
+                    min_p=params.min_p, seed=params.seed, stream=stream,
+                    stop_token_ids=tuple(params.stop_token_ids) + stop),
                 metadata={"index": i},
             ))
     trajectories = asyncio.run(loop.run(episodes))
@@ -135,17 +142,24 @@ def agent_generate_and_score(sampler, reward_manager, tokenizer, prompts: dict[s
                          for t in trajectories]
         result = model_rewards.score(reward_manager, items, tokens, conversations)
     samples, records = [], []
-    for t, item, task_score in zip(trajectories, items, np.asarray(result.scores, np.float32)):
-        score = float(task_score) + float(t.reward)
+    for t, task_score in zip(trajectories, np.asarray(result.scores, np.float32)):
         samples.append(Sample(prompt_ids=list(t.prompt_ids), response_ids=list(t.response_ids),
                               response_mask=list(t.response_mask), response_log_probs=list(t.rollout_log_probs),
-                              group_id=int(t.group_id), score=score, truncated=t.termination in TRUNCATED))
+                              group_id=int(t.group_id), score=float(task_score) + float(t.reward),
+                              truncated=t.termination in TRUNCATED))
+    metrics = {**result.metrics, **collect_metrics(trajectories)}
+    if overlong_buffer is not None:
+        shaped = overlong_shaping([s.score for s in samples], samples, config.max_response_tokens, overlong_buffer,
+                                  metrics)
+        for s, value in zip(samples, shaped):
+            s.score = float(value)
+    for t, item, s in zip(trajectories, items, samples):
+        score = s.score
         records.append({"data_source": item["data_source"], "prompt_index": int(t.group_id), "score": score,
                         "solution_str": item["solution_str"], "num_turns": float(t.num_turns),
                         "tool_calls": float(t.tool_calls), "tool_use": float(t.tool_calls > 0)})
     for key, values in result.extras.items():
         for record, value in zip(records, values):
             record[key] = value
-    metrics = {**result.metrics, **collect_metrics(trajectories)}
     metrics["agent/tool_use_rate"] = float(np.mean([t.tool_calls > 0 for t in trajectories]))
     return ScoredRollout(samples, metrics, records)

@@ -74,7 +74,7 @@ def validate(cfg: RLConfig, tokenizer, round_fn: RoundFn, log_probs: LogProbFn |
         if not cfg.data.val_files:
             return {}
         batches = make_dataset(dataclasses.replace(cfg.data, shuffle=False), tokenizer, "val")
-    params_sampling = sampling_params(cfg, seed=cfg.rollout.seed, validation=True)
+    params_sampling = sampling_params(cfg, validation=True)
     records: list[dict] = []
     nll: dict[str, float] = defaultdict(float)
     tokens: dict[str, float] = defaultdict(float)

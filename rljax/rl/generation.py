@@ -42,6 +42,6 @@ def make_round_fn(sampler: Sampler, rewards: RewardManager, tokenizer, cfg: RLCo
     `model_rewards` (reward model / verifier) when given."""
     if agent is not None:
         return lambda prompts, params, offset: agent_generate_and_score(
-            sampler, rewards, tokenizer, prompts, params, agent, offset, model_rewards)
+            sampler, rewards, tokenizer, prompts, params, agent, offset, model_rewards, cfg.reward.overlong_buffer)
     return lambda prompts, params, offset: generate_and_score(
         sampler.generate, rewards, tokenizer, prompts, params, cfg, offset, model_rewards)

@@ -7,6 +7,7 @@ only to hand a string to `compute_score`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from rljax.rewards.overlong import apply_overlong_penalty
 from rljax.rl.batch import Sample
-from rljax.rl.config import RLConfig
+from rljax.rl.config import OverlongBufferConfig, RLConfig
 from rljax.rollout.params import SamplingParams
 
 
@@ -25,14 +26,31 @@ class ScoredRollout:
     records: list[dict[str, Any]] = field(default_factory=list)  # per-sample info for evaluation
 
 
-def sampling_params(cfg: RLConfig, seed: int, validation: bool = False) -> SamplingParams:
+TRAIN, VALIDATION = 0, 1  # the purposes a run samples for
+
+
+def request_stream(purpose: int, step: int, index: int) -> int:
+    """The 64-bit random stream of one request (`SamplingParams.stream`): the purpose in
+    bit 63, the RL step in bits 32-62, the request's index within the step in bits 0-31.
+    Unique within a run and a function of data every process has, so a request draws the
+    same noise on any replica, after preemption and after a resume."""
+    if not (0 <= step < 2**31 and 0 <= index < 2**32):
+        raise ValueError(f"request stream out of range: step {step}, index {index}")
+    return (purpose << 63) | (step << 32) | index
+
+
+def sampling_params(cfg: RLConfig, step: int = 0, validation: bool = False) -> SamplingParams:
+    """The rollout's sampling params at `step`: seed `rollout.seed`, and streams starting at
+    `request_stream(TRAIN, step, 0)` (a round's prompt i then samples stream base + group
+    offset + i). Validation uses the same streams at every step (common random numbers,
+    so a change in validation accuracy between steps is the policy's, not the noise's)."""
     r = cfg.rollout
     if validation:
         v = r.val_kwargs
         return SamplingParams(n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k,
-                              max_tokens=r.response_length, seed=seed)
+                              max_tokens=r.response_length, seed=r.seed, stream=request_stream(VALIDATION, 0, 0))
     return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
-                          max_tokens=r.response_length, seed=seed)
+                          max_tokens=r.response_length, seed=r.seed, stream=request_stream(TRAIN, step, 0))
 
 
 def generate_and_score(
@@ -50,7 +68,8 @@ def generate_and_score(
     (`rljax.rl.model_rewards.ModelRewards`, when `reward.reward_model` or
     `reward.verifier` is enabled) adds a reward model's / verifier's scores to the rule
     scores."""
-    completions = generate(prompts["prompt_ids"], params)
+    # prompt i samples stream params.stream + group_offset + i (Sampler.generate numbers from the base)
+    completions = generate(prompts["prompt_ids"], dataclasses.replace(params, stream=params.stream + group_offset))
     items, samples, records = [], [], []
     for c in completions:
         i = int(c.request_index)
@@ -74,14 +93,9 @@ def generate_and_score(
         raw = prompts.get("raw_prompt")
         result = model_rewards.score(reward_manager, items, samples,
                                      None if raw is None else [raw[int(c.request_index)] for c in completions])
-    scores = np.asarray(result.scores, np.float32)
     metrics = dict(result.metrics)
-    ob = cfg.reward.overlong_buffer
-    if ob.enable:
-        lengths = np.asarray([len(s.response_ids) for s in samples])
-        scores, _, overlong_metrics = apply_overlong_penalty(
-            scores, lengths, cfg.rollout.response_length, ob.len, ob.penalty_factor)
-        metrics.update(overlong_metrics)
+    scores = overlong_shaping(result.scores, samples, cfg.rollout.response_length, cfg.reward.overlong_buffer,
+                              metrics)
     for s, score, record in zip(samples, scores, records):
         s.score = float(score)
         record["score"] = float(score)
@@ -91,12 +105,47 @@ def generate_and_score(
     return ScoredRollout(samples, metrics, records)
 
 
-def keep_informative_groups(samples: list[Sample]) -> tuple[list[int], list[int]]:
-    """DAPO dynamic sampling: group ids whose scores vary (kept) and whose scores are all
-    equal (zero advantage under GRPO; dropped)."""
+SCORE_METRICS = ("score", "seq_reward", "seq_final_reward")  # verl's names for the sequence score
+
+
+def group_metric(rollout: ScoredRollout, metric: str) -> list[float]:
+    """Per sample, the value DAPO's dynamic sampling compares within a group
+    (`algorithm.filter_groups.metric`, verl's names): `score` / `seq_reward` /
+    `seq_final_reward` the sample's reward (KL-in-reward is applied later, so the
+    three coincide here; the config refuses `seq_final_reward` with `use_kl_in_reward`),
+    any other name a per-sample value the reward function returns (e.g. `acc`)."""
+    if metric in SCORE_METRICS:
+        return [s.score for s in rollout.samples]
+    values = [r.get(metric) for r in rollout.records]
+    if any(v is None for v in values):
+        known = sorted(set().union(*(r.keys() for r in rollout.records)) - {"data_source", "prompt_index",
+                                                                             "solution_str"})
+        raise KeyError(f"algorithm.filter_groups.metric={metric!r}: the reward returns no {metric!r} for every "
+                       f"sample (per-sample values: {known + list(SCORE_METRICS[1:])})")
+    return [float(v) for v in values]
+
+
+def overlong_shaping(scores, samples: list[Sample], max_length: int, buffer: OverlongBufferConfig,
+                     metrics: dict[str, float]) -> np.ndarray:
+    """DAPO's overlong reward shaping (`reward.overlong_buffer`) of the scores, from each
+    sample's whole response length (for agent episodes: sampled turns and observations,
+    against the episode's response budget `max_length`); its metrics go into `metrics`."""
+    scores = np.asarray(scores, np.float32)
+    if not buffer.enable:
+        return scores
+    lengths = np.asarray([len(s.response_ids) for s in samples])
+    scores, _, overlong_metrics = apply_overlong_penalty(scores, lengths, max_length, buffer.len,
+                                                         buffer.penalty_factor)
+    metrics.update(overlong_metrics)
+    return scores
+
+
+def keep_informative_groups(samples: list[Sample], values: list[float]) -> tuple[list[int], list[int]]:
+    """DAPO dynamic sampling: group ids whose `values` (one per sample) vary (kept) and
+    whose values are all equal (zero advantage under GRPO; dropped)."""
     by_group: dict[int, list[float]] = {}
-    for s in samples:
-        by_group.setdefault(s.group_id, []).append(s.score)
+    for s, v in zip(samples, values):
+        by_group.setdefault(s.group_id, []).append(v)
     kept = [g for g, v in by_group.items() if max(v) > min(v)]
     dropped = [g for g, v in by_group.items() if max(v) == min(v)]
     return kept, dropped
@@ -107,10 +156,12 @@ def dynamic_sampling(
     generate_round: Callable[[dict[str, list], int], ScoredRollout],
     num_groups: int,
     max_rounds: int,
+    metric: str = "score",
 ) -> ScoredRollout:
-    """Generate rounds until `num_groups` informative groups are collected (DAPO §3.2),
-    at most `max_rounds`; a short batch is topped up with uninformative groups so the
-    batch shape never changes (counted in `train/filter_groups_underfilled`)."""
+    """Generate rounds until `num_groups` informative groups (whose `metric` varies, see
+    `group_metric`) are collected (DAPO §3.2), at most `max_rounds`; a short batch is
+    topped up with uninformative groups so the batch shape never changes (counted in
+    `train/filter_groups_underfilled`)."""
     kept_samples: list[Sample] = []
     spare: list[Sample] = []
     metrics: dict[str, float] = {}
@@ -121,7 +172,7 @@ def dynamic_sampling(
         rollout = generate_round(next_prompts(), offset)
         rounds += 1
         offset += num_groups
-        kept, dropped = keep_informative_groups(rollout.samples)
+        kept, dropped = keep_informative_groups(rollout.samples, group_metric(rollout, metric))
         take = set(kept[: num_groups - kept_groups])
         kept_groups += len(take)
         kept_samples += [s for s in rollout.samples if s.group_id in take]

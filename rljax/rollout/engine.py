@@ -19,8 +19,8 @@ Scheduling (continuous batching):
   running sequence (itself, if it is the most recent): its pages are released and it
   goes back to the front of the queue with its tokens so far; on re-admission it
   recomputes them (prompt + generated) as a prefill and continues. Its random keys
-  depend on (seed, sample index, step) only, so it produces the same tokens it would
-  have produced without the interruption.
+  depend on (seed, stream, sample index, position) only, so it produces the same tokens
+  it would have produced without the interruption.
 - A finished sequence releases its pages at once; its slot goes to the next waiter
   (admission happens before every call, so within `num_scheduler_steps` tokens).
 
@@ -406,8 +406,8 @@ class Engine:
         min_p = np.zeros(b, np.float32)
         top_k = np.zeros(b, np.int32)
         seeds = np.zeros(b, np.uint32)
+        streams = np.zeros((b, 2), np.uint32)
         sample_index = np.zeros(b, np.int32)
-        steps = np.zeros(b, np.int32)
         for i, (seq, n) in enumerate(rows):
             start = seq.num_computed
             assert seq.table.writable(start // self.page_size), "a step would write a shared page"
@@ -430,11 +430,11 @@ class Engine:
             min_p[i] = p.min_p
             top_k[i] = p.top_k
             seeds[i] = seq.request.seed % 2**32
+            streams[i] = divmod(p.stream, 2**32)
             sample_index[i] = max(seq.sample_index, 0)
-            steps[i] = seq.num_generated
         batch = dict(
             tokens=tokens, positions=positions, page_table=page_table, temperature=temperature, top_p=top_p,
-            min_p=min_p, top_k=top_k, seeds=seeds, sample_index=sample_index, steps=steps,
+            min_p=min_p, top_k=top_k, seeds=seeds, streams=streams, sample_index=sample_index,
         )
         if decode:
             batch["n_steps"] = n_steps

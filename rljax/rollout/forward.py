@@ -30,12 +30,12 @@ from rljax.rollout.sampling import sample_tokens
 #   tokens [B, T] int32, positions [B, T] int32 (of the first token for decode),
 #   valid [B, T] bool, page_table [B, W] int32, kv_lens [B] int32 (prefill),
 #   last_index [B] int32 (prefill: the column whose logits are sampled),
-#   n_steps [B] int32 (decode: steps this row runs), steps [B] int32 (the row's
-#   generated-token count = its sampling step), temperature / top_p / min_p [B] float32,
-#   top_k / seeds / sample_index [B].
+#   n_steps [B] int32 (decode: steps this row runs), temperature / top_p / min_p [B]
+#   float32, top_k / seeds / sample_index [B], streams [B, 2] uint32. A sampled token's
+#   absolute position (part of its random key) is its predecessor's position + 1.
 StepBatch = dict[str, jax.Array]
 
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "seeds", "sample_index")
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "seeds", "streams", "sample_index")
 
 
 def forward_and_sample(
@@ -48,7 +48,6 @@ def forward_and_sample(
     page_table: jax.Array,
     kv_lens: jax.Array,
     last_index: jax.Array,
-    steps: jax.Array,
     sampling: dict[str, jax.Array],
     *,
     page_size: int,
@@ -79,6 +78,7 @@ def forward_and_sample(
     x0 = model.embed_tokens(tokens)
     (x, k_cache, v_cache), _ = jax.lax.scan(block, (x0, k_cache, v_cache), (model.layer_arrays(), layers))
     last = x[jnp.arange(b), last_index]  # [B, E]
+    sample_positions = positions[jnp.arange(b), last_index] + 1  # [B] where the sampled token goes
     logits = model.logits(model.final_hidden(last)[:, None, :])[:, 0, :]
     next_tokens, logprobs = sample_tokens(
         logits,
@@ -87,8 +87,9 @@ def forward_and_sample(
         sampling["top_p"],
         sampling["min_p"],
         sampling["seeds"],
+        sampling["streams"],
         sampling["sample_index"],
-        steps,
+        sample_positions,
     )
     return k_cache, v_cache, next_tokens, logprobs
 
@@ -102,7 +103,7 @@ def make_prefill_fn(graphdef: nnx.GraphDef, page_size: int, attention: Callable,
         model = nnx.merge(graphdef, state)
         return forward_and_sample(
             model, k_cache, v_cache, batch["tokens"], batch["positions"], batch["valid"], batch["page_table"],
-            batch["kv_lens"], batch["last_index"], batch["steps"], {k: batch[k] for k in SAMPLING_KEYS},
+            batch["kv_lens"], batch["last_index"], {k: batch[k] for k in SAMPLING_KEYS},
             page_size=page_size, attention=attention,
         )
 
@@ -125,15 +126,15 @@ def make_decode_fn(
         zeros = jnp.zeros_like(n_steps)
 
         def one(carry, i):
-            kc, vc, token, position, steps = carry
+            kc, vc, token, position = carry
             valid = (i < n_steps)[:, None]
             kc, vc, token, logprob = forward_and_sample(
                 model, kc, vc, token[:, None], position[:, None], valid, batch["page_table"], position + 1,
-                zeros, steps, sampling, page_size=page_size, attention=attention,
+                zeros, sampling, page_size=page_size, attention=attention,
             )
-            return (kc, vc, token, position + 1, steps + 1), (token, logprob)
+            return (kc, vc, token, position + 1), (token, logprob)
 
-        init = (k_cache, v_cache, batch["tokens"][:, 0], batch["positions"][:, 0], batch["steps"])
+        init = (k_cache, v_cache, batch["tokens"][:, 0], batch["positions"][:, 0])
         (k_cache, v_cache, *_), (tokens, logprobs) = jax.lax.scan(one, init, jnp.arange(num_steps))
         return k_cache, v_cache, tokens.T, logprobs.T
 

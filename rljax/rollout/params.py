@@ -24,10 +24,17 @@ class SamplingParams:
     stop_token_ids: extra tokens that end a sample (finish_reason "stop"). The model's
         EOS ids (from its config) stop too unless `ignore_eos`. The stop token is kept
         as the last token of the completion (it is a token the policy produced).
-    seed: makes the request reproducible: sample i at step t draws its randomness from a
-        key derived from (seed, i, t) only, so it gets the same tokens whatever else is
-        in the batch, and also after being preempted and recomputed. None: a seed is
-        drawn from the sampler's own generator.
+    seed: makes the request reproducible: sample i draws the token at absolute position
+        p from a key derived from (seed, stream, i, p) only (`rljax.rollout.sampling`), so
+        it gets the same tokens whatever else is in the batch, after being preempted and
+        recomputed, and on whichever replica runs it. None: a seed is drawn from the
+        sampler's own generator.
+    stream: the request's id among the seed's random streams, an integer in [0, 2**64):
+        requests that share a seed must have distinct streams to draw independent noise
+        (the RL loop numbers them by (step, prompt); see `rljax.rl.rollout`).
+        `Sampler.generate` gives its prompts consecutive streams starting at this one.
+        An agent episode keeps one stream for all its turns: a later turn samples at
+        later positions, so it continues the stream instead of repeating it.
 
     Logprobs: every completion carries, per generated token, log_softmax(logits /
     temperature)[token] computed on the full vocabulary BEFORE top-k / top-p / min-p
@@ -45,6 +52,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     seed: int | None = None
+    stream: int = 0
 
     def __post_init__(self):
         if self.n < 1:
@@ -57,6 +65,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1, 0 (off) or positive, got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0 <= self.stream < 2**64:
+            raise ValueError(f"stream must be in [0, 2**64), got {self.stream}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))

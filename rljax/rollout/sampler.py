@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
 import queue
 import threading
@@ -57,9 +58,12 @@ class Sampler:
         self, prompt_token_ids: Sequence[Sequence[int]], sampling_params: SamplingParams | None = None
     ) -> list[Completion]:
         """Sample every prompt; returns len(prompts) * n completions ordered by (prompt
-        index, sample index), `request_index` being the prompt's index."""
+        index, sample index), `request_index` being the prompt's index. Prompt i samples
+        from random stream `sampling_params.stream + i`, so identical prompts get
+        independent samples."""
         params = sampling_params or SamplingParams()
-        requests = [GenerationRequest(list(p), params, request_id=i) for i, p in enumerate(prompt_token_ids)]
+        requests = [GenerationRequest(list(p), dataclasses.replace(params, stream=params.stream + i), request_id=i)
+                    for i, p in enumerate(prompt_token_ids)]
         futures = self.submit_many(requests)
         return [c for f in futures for c in f.result()]
 

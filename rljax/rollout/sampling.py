@@ -1,8 +1,20 @@
 """Choosing the next token from logits: pure, jittable functions of per-row arrays.
 
 Per row: temperature (0 = greedy), top_k (<= 0: off), top_p (1: off), min_p (0: off),
-and the (seed, sample index, step) triple the row's random key is derived from, so a
+and the (seed, stream, sample index, position) its random key is derived from, so a
 row's token depends on its own logits and key only, never on the rest of the batch.
+
+The key of one sampled token is
+
+    fold_in(fold_in(fold_in(fold_in(fold_in(key(seed), stream_hi), stream_lo), sample_index), position)
+
+with `stream` a 64-bit request id unique within a run (`SamplingParams.stream`: the RL
+loop numbers its requests by (step, prompt)), `sample_index` which of the request's n
+samples, and `position` the absolute position of the token being sampled in its
+sequence (prompt included). Distinct requests, samples and positions draw independent
+noise; an agent episode's later turns (one request stream, longer prompts) sample at
+later positions, so they continue its stream instead of repeating it; and a token's
+noise depends on nothing the scheduler decides (batching, preemption, replica).
 
 The reported logprob of a sampled token is log_softmax(logits / temperature)[token] on
 the full vocabulary, before top-k / top-p / min-p filtering (as the trainer computes
@@ -15,14 +27,17 @@ import jax
 import jax.numpy as jnp
 
 
-def row_keys(seeds: jax.Array, sample_index: jax.Array, steps: jax.Array) -> jax.Array:
-    """One PRNG key per row: fold (sample index, step) into the request's seed."""
+def row_keys(seeds: jax.Array, streams: jax.Array, sample_index: jax.Array, positions: jax.Array) -> jax.Array:
+    """One PRNG key per row from `seeds` `[B]` uint32, `streams` `[B, 2]` uint32 (the
+    request id's high and low 32 bits), `sample_index` `[B]` and `positions` `[B]` (the
+    absolute position of the token being sampled); see the module docstring."""
 
-    def one(seed, idx, step):
+    def one(seed, stream, idx, position):
         key = jax.random.key(seed)
-        return jax.random.fold_in(jax.random.fold_in(key, idx), step)
+        key = jax.random.fold_in(jax.random.fold_in(key, stream[0]), stream[1])
+        return jax.random.fold_in(jax.random.fold_in(key, idx), position)
 
-    return jax.vmap(one)(seeds, sample_index, steps)
+    return jax.vmap(one)(seeds, streams, sample_index, positions)
 
 
 def filter_logits(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p: jax.Array) -> jax.Array:
@@ -51,8 +66,9 @@ def sample_tokens(
     top_p: jax.Array,
     min_p: jax.Array,
     seeds: jax.Array,
+    streams: jax.Array,
     sample_index: jax.Array,
-    steps: jax.Array,
+    positions: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
     """Sample one token per row of float32 `logits` `[B, V]`; returns (tokens `[B]`
     int32, logprobs `[B]` float32). Sampling is Gumbel-max on the filtered,
@@ -68,7 +84,7 @@ def sample_tokens(
         filtered = jax.lax.cond(
             needs_filter.any(), lambda: filter_logits(scaled, top_k, top_p, min_p), lambda: scaled
         )
-        keys = row_keys(seeds, sample_index, steps)
+        keys = row_keys(seeds, streams, sample_index, positions)
         gumbel = jax.vmap(lambda key: jax.random.gumbel(key, scaled.shape[-1:], jnp.float32))(keys)
         sampled = jnp.argmax(filtered + gumbel, axis=-1).astype(jnp.int32)
         return jnp.where(greedy, greedy_tokens, sampled)

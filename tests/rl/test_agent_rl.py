@@ -242,7 +242,7 @@ def test_agent_generate_and_score_masks_and_rewards(tok):
             return enc(tok, call_text(expression) + IM_END)
         a, b = map(int, expression.split("*"))
         # by episode: the right answer, a wrong one, or a run-on cut by the response budget
-        return enc(tok, [str(a * b) + IM_END, str(a * b + 1) + IM_END, "9" * 200][request.sampling_params.seed % 3])
+        return enc(tok, [str(a * b) + IM_END, str(a * b + 1) + IM_END, "9" * 200][request.sampling_params.stream % 3])
 
     sampler = ScriptedRolloutSampler(tok, script)
     config = agent_config({"tool_config_path": TOOLS_YAML, "max_turns": 3, "max_tokens_per_turn": 96,
@@ -278,6 +278,20 @@ def test_agent_generate_and_score_masks_and_rewards(tok):
         assert s.score == plain.score + 0.5 * (len(s.prompt_ids) + len(s.response_ids))
         assert rec["reward_model_score"] == len(s.prompt_ids) + len(s.response_ids)
     assert "reward_model/score/mean" in with_rm.metrics
+    # DAPO's overlong shaping applies to agent episodes too, on the whole response (turns and
+    # observations) against the episode budget (128): past 128 - 64 tokens the penalty grows
+    # linearly to -1 at the budget (it used to be skipped for agent rollouts)
+    from rljax.rl.config import OverlongBufferConfig
+
+    shaped = agent_generate_and_score(sampler, rewards, tok, prompts, params, config, group_offset=5,
+                                      overlong_buffer=OverlongBufferConfig(enable=True, len=64, penalty_factor=1.0))
+    for plain, s, rec in zip(out.samples, shaped.samples, shaped.records):
+        assert s.response_ids == plain.response_ids
+        excess = len(s.response_ids) - (128 - 64)
+        assert s.score == pytest.approx(plain.score + min(0.0, -excess / 64)) == rec["score"]
+    assert sum(s.score == p.score - 1.0 for p, s in zip(out.samples, shaped.samples)) == 2  # the two run-ons
+    assert shaped.metrics["reward/overlong_frac"] == pytest.approx(np.mean([len(s.response_ids) > 64
+                                                                            for s in shaped.samples]))
     # every episode's response budget is the rollout's response length, and the batch fits
     assert max(len(s.response_ids) for s in out.samples) <= 128
     batch = build_batch(out.samples, 16, 400)
@@ -318,7 +332,7 @@ class FirstTurnScripted:
         turn = self.tok.decode(prompt).count("<|im_start|>assistant") - 1
         expression = question_of(self.tok, prompt)
         a, b = map(int, expression.split("*"))
-        if turn == 0 or request.sampling_params.seed % 2 == 0:
+        if turn == 0 or request.sampling_params.stream % 2 == 0:
             text = call_text(expression) if turn == 0 else str(a * b)
             ids = enc(self.tok, text + IM_END)
             comp = Completion(request.request_id, 0, prompt, ids, [-0.25] * len(ids), "stop")

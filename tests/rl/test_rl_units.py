@@ -1,6 +1,7 @@
 """RL pieces without a model: the batch builder and DAPO's dynamic sampling."""
 
 import numpy as np
+import pytest
 
 from rljax.rl.batch import Sample, build_batch
 from rljax.rl.rollout import ScoredRollout, dynamic_sampling, keep_informative_groups
@@ -23,10 +24,11 @@ def test_build_batch_follows_the_data_contract():
     np.testing.assert_array_equal(batch["group_ids"], [0, 1])
 
 
-def _round(scores_per_group, offset):
+def _round(scores_per_group, offset, acc_per_group=None):
     samples = [Sample([1], [2], [1], [0.0], group_id=offset + g, score=s)
                for g, scores in enumerate(scores_per_group) for s in scores]
-    return ScoredRollout(samples, {"reward/errors": 0.0}, [])
+    acc = [a for accs in (acc_per_group or scores_per_group) for a in accs]
+    return ScoredRollout(samples, {"reward/errors": 0.0}, [{"acc": a} for a in acc])
 
 
 def test_dynamic_sampling_fills_the_batch_with_informative_groups():
@@ -34,7 +36,7 @@ def test_dynamic_sampling_fills_the_batch_with_informative_groups():
     rounds = iter([[[1, 0], [1, 1], [0, 1]], [[0, 0], [1, 0], [1, 1]]])
     out = dynamic_sampling(lambda: None, lambda prompts, offset: _round(next(rounds), offset), num_groups=3,
                            max_rounds=4)
-    kept, dropped = keep_informative_groups(out.samples)
+    kept, dropped = keep_informative_groups(out.samples, [x.score for x in out.samples])
     assert len(out.samples) == 6 and len(kept) == 3 and not dropped
     assert out.metrics["train/num_gen_batches"] == 2 and out.metrics["train/filter_groups_underfilled"] == 0
 
@@ -44,3 +46,20 @@ def test_dynamic_sampling_tops_up_when_rounds_run_out():
                            max_rounds=1)
     assert len(out.samples) == 4  # shape kept: 1 informative group + 1 uninformative filler
     assert out.metrics["train/filter_groups_underfilled"] == 1
+
+
+def test_dynamic_sampling_filters_on_the_configured_metric():
+    """`algorithm.filter_groups.metric=acc` compares the reward's `acc`, not the score:
+    group 0's scores vary (a format bonus) but its accuracy does not, so it is dropped;
+    group 1's accuracy varies, so it is kept (the metric used to be ignored)."""
+    scores, acc = [[1.0, 0.9], [1.0, 0.0]], [[1, 1], [1, 0]]
+    by_score = dynamic_sampling(lambda: None, lambda p, offset: _round(scores, offset, acc), num_groups=2,
+                                max_rounds=1, metric="score")
+    assert by_score.metrics["train/filter_groups_underfilled"] == 0
+    by_acc = dynamic_sampling(lambda: None, lambda p, offset: _round(scores, offset, acc), num_groups=2,
+                              max_rounds=1, metric="acc")
+    assert by_acc.metrics["train/filter_groups_underfilled"] == 1
+    assert [s.score for s in by_acc.samples[:2]] == [1.0, 0.0]  # group 1 kept first, group 0 is the filler
+    with pytest.raises(KeyError, match="filter_groups.metric='pred'"):
+        dynamic_sampling(lambda: None, lambda p, offset: _round(scores, offset, acc), num_groups=2,
+                         max_rounds=1, metric="pred")

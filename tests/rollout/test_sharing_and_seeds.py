@@ -2,6 +2,8 @@
 same tokens whatever else is in the batch, and after preemption; stop tokens and
 lengths end samples as documented."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -38,11 +40,31 @@ def test_shared_prefix_equals_independent_samples(roomy_sampler):
 def test_seeded_sample_ignores_batch_company(roomy_sampler):
     target = random_prompts([9], seed=5)[0]
     params = SamplingParams(n=3, temperature=1.0, top_p=0.95, max_tokens=8, seed=1234)
-    alone = roomy_sampler.generate([target], params)
+    # the same request (seed and stream: prompt 3 of a call samples stream 3) alone and in company
+    alone = roomy_sampler.generate([target], dataclasses.replace(params, stream=3))
     crowd = roomy_sampler.generate(random_prompts([4, 13, 7], seed=6) + [target], params)
     assert tokens(alone) == tokens(crowd[-3:])
     other_seed = roomy_sampler.generate([target], SamplingParams(n=3, temperature=1.0, max_tokens=8, seed=99))
     assert tokens(other_seed) != tokens(alone)
+
+
+def test_copies_of_one_prompt_draw_independent_samples(roomy_sampler):
+    """8 copies of one prompt, n=4, T=1, with the RL loop's sampling params (one seed for
+    the whole step): 32 distinct samples. Before per-request streams, sample i of every
+    copy used the same key, so the 8 groups were identical (4 distinct samples)."""
+    from rljax.rl.config import RLConfig
+    from rljax.rl.rollout import sampling_params
+
+    cfg = RLConfig()
+    cfg.rollout.n, cfg.rollout.response_length = 4, 12
+    params = sampling_params(cfg, step=7)
+    prompt = random_prompts([6], seed=21)[0]
+    out = roomy_sampler.generate([prompt] * 8, params)
+    assert len(out) == 32
+    assert len({tuple(c.token_ids) for c in out}) == 32
+    # the next step draws other samples for the same prompts
+    again = roomy_sampler.generate([prompt] * 8, sampling_params(cfg, step=8))
+    assert {tuple(c.token_ids) for c in again}.isdisjoint({tuple(c.token_ids) for c in out})
 
 
 def test_preempted_sampled_sequences_continue_identically(llama, roomy_sampler):
