@@ -104,3 +104,21 @@ def resolve_checkpoint(path: str) -> tuple[str, int | None]:
     if os.path.isdir(path):
         return path, None
     raise FileNotFoundError(f"{path}: not a run directory, checkpoints directory or checkpoint step")
+
+
+def resume_source(mode: str, own: Checkpointer) -> tuple[Checkpointer, int] | None:
+    """Where `trainer.resume_mode` says a run starts from, for every kind of run:
+    `disable` -> None; `auto` -> the run's own latest checkpoint (None if it has none);
+    a path (a run dir, its `checkpoints` dir or one step dir) -> that checkpoint, which
+    must exist."""
+    if mode == "disable":
+        return None
+    if mode == "auto":
+        step = own.latest_step()
+        return None if step is None else (own, step)
+    directory, step = resolve_checkpoint(mode)
+    source = Checkpointer(directory, max_to_keep=None, async_save=False)
+    step = step if step is not None else source.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"trainer.resume_mode={mode!r}: no checkpoint there")
+    return source, step

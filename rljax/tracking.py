@@ -12,7 +12,36 @@ import time
 
 import jax
 
-CONSOLE_KEYS = ("train/loss", "train/grad_norm", "train/lr", "perf/throughput", "val/loss")
+# (metric, console label): what a user watches, in this order; validation accuracy
+# (`val-core/{data_source}/acc/mean@k`) follows when a step computed it.
+CONSOLE_KEYS = (
+    ("critic/score/mean", "score"), ("response_length/mean", "resp_len"), ("train/loss", "loss"),
+    ("actor/pg_loss", "pg_loss"), ("train/grad_norm", "grad_norm"), ("train/lr", "lr"),
+    ("perf/throughput", "tok/s/dev"), ("val/loss", "val_loss"),
+)
+VALIDATION_PREFIX = "val-core/"
+
+
+def console_line(step: int, total_steps: int, metrics: dict[str, float], seconds_per_step: float | None) -> str:
+    """`[####----] step 10/200 score=0.41 resp_len=9.2 loss=... val acc/mean@1 (synthetic/arithmetic)=0.52
+    3.1 s/step eta 9m48s`. Rate and eta only once a step has been timed (never `nan`)."""
+    done = step / max(total_steps, 1)
+    bar = "#" * int(20 * done) + "-" * (20 - int(20 * done))
+    parts = [f"[{bar}] step {step}/{total_steps}"]
+    parts += [f"{label}={metrics[k]:.4g}" for k, label in CONSOLE_KEYS if k in metrics]
+    for key in sorted(k for k in metrics if k.startswith(VALIDATION_PREFIX) and "/acc/mean@" in k):
+        source, _, name = key.removeprefix(VALIDATION_PREFIX).rpartition("/acc/")
+        parts.append(f"val acc/{name} ({source})={metrics[key]:.4g}")
+    if seconds_per_step is not None:
+        left = max(total_steps - step, 0) * seconds_per_step
+        parts.append(f"{seconds_per_step:.3g} s/step eta {_duration(left)}")
+    return " ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 class Tracker:
@@ -23,7 +52,7 @@ class Tracker:
         self.enabled = jax.process_index() == 0
         self.loggers = set(loggers)
         self.total_steps = total_steps
-        self.start = time.time()
+        self._first: tuple[int, float] | None = None  # (step, time) of the first console line
         self._tb = None
         self._jsonl = None
         if not self.enabled:
@@ -51,12 +80,13 @@ class Tracker:
             self._console(step, clean)
 
     def _console(self, step: int, metrics: dict) -> None:
-        done = step / max(self.total_steps, 1)
-        bar = "#" * int(20 * done) + "-" * (20 - int(20 * done))
-        elapsed = time.time() - self.start
-        eta = elapsed / max(done, 1e-9) - elapsed if done > 0 else float("nan")
-        shown = " ".join(f"{k.removeprefix('train/')}={metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics)
-        print(f"[{bar}] step {step}/{self.total_steps} {shown} eta {eta:.0f}s", file=sys.stdout, flush=True)
+        now = time.time()
+        if self._first is None or step <= self._first[0]:
+            self._first = (step, now)  # the rate counts steps this process ran, after the first log
+            rate = None
+        else:
+            rate = (now - self._first[1]) / (step - self._first[0])
+        print(console_line(step, self.total_steps, metrics, rate), file=sys.stdout, flush=True)
 
     def close(self) -> None:
         if self._tb is not None:

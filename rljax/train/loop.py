@@ -18,7 +18,7 @@ import time
 import jax
 import numpy as np
 
-from rljax.checkpoint import Checkpointer, abstract_like, resolve_checkpoint
+from rljax.checkpoint import Checkpointer, abstract_like, resume_source
 from rljax.config import config_to_dict, save_config
 from rljax.data import make_dataset
 from rljax.data.synthetic_spec import materialize
@@ -161,20 +161,13 @@ def _train(cfg: RunConfig, mesh) -> dict:
 
 
 def _maybe_resume(cfg: RunConfig, checkpointer: Checkpointer, state, train_data):
-    mode = cfg.trainer.resume_mode
-    if mode == "disable":
+    found = resume_source(cfg.trainer.resume_mode, checkpointer)
+    if found is None:
         return None
-    if mode == "auto":
-        source, step = checkpointer, checkpointer.latest_step()
-        if step is None:
-            return None
-    else:
-        directory, step = resolve_checkpoint(mode)
-        source = Checkpointer(directory, max_to_keep=None, async_save=False)
-        step = step if step is not None else source.latest_step()
-        if step is None:
-            raise FileNotFoundError(f"trainer.resume_mode={mode!r}: no checkpoint there")
+    source, step = found
     restored, data_state, meta = source.restore(step, abstract_like(state))
+    if source is not checkpointer:
+        source.close()
     train_data.set_state(data_state)
     if jax.process_index() == 0:
         print(f"resumed from {source.directory}/{step}", flush=True)

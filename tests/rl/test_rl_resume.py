@@ -72,3 +72,14 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, caps
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert straight.kl_ctrl.value == resumed.kl_ctrl.value != 0.05  # the adaptive coefficient moved, and resumed
     assert straight.train_data.get_state() == resumed.train_data.get_state()
+
+    # trainer.resume_mode=<path>: a new run directory starting from another run's step-2
+    # checkpoint continues that run (RL used to ignore the path and start from scratch)
+    straight_dir = os.path.join(tmp_path / "straight", cfg.trainer.experiment_name)
+    config, overrides = config_and_overrides(tmp_path, tmp_path / "forked")
+    forked = RLTrainer(load_config(RLConfig, config,
+                                   overrides + [f"trainer.resume_mode={straight_dir}/checkpoints/2"]))
+    assert [h["step"] for h in forked.fit()] == [3, 4]
+    for x, y in zip(jax.tree.leaves(jax.device_get(straight.actor.state)),
+                    jax.tree.leaves(jax.device_get(forked.actor.state))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
