@@ -1,6 +1,12 @@
 """KL divergence between the policy and a reference: per-token estimators, full-vocab KL,
 the KL loss / reward penalty, and the fixed and adaptive KL controllers.
 
+"full" (`actor.kl_loss_type` / `algorithm.kl_penalty`) is the exact KL over the
+vocabulary, `kl_from_hidden`: not an estimator of the sampled token, so it is not in the
+estimator registry and `kl_penalty(..., "full")` is an error (it needs logits, not
+log-probs). verl lists "full" among its `kl_penalty` options but its `kl_penalty_forward`
+raises NotImplementedError for it; the definition here is ours.
+
 Per-token estimators of KL(pi || pi_ref) from the sampled token's log-probabilities
 (J. Schulman, "Approximating KL Divergence", http://joschu.net/blog/kl-approx.html;
 verl `core_algos.kl_penalty`), with d = log pi - log pi_ref:
@@ -19,6 +25,7 @@ use sg(<name>) + k2 - sg(k2).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +34,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from rljax.algos.aggregation import AggTerms, agg_loss_terms, finish_loss
+from rljax.algos.logprobs import DEFAULT_CHUNK_SIZE, align_next_token, map_position_chunks
 from rljax.algos.masked import as_float, masked_mean
 from rljax.algos.registry import get_kl_estimator, register_kl_estimator
 
@@ -84,8 +92,14 @@ kl_abs_plus = register_kl_estimator("abs+")(straight_through(kl_abs))
 kl_k3_plus = register_kl_estimator("low_var_kl+", "k3+")(straight_through(kl_k3))
 
 
+FULL_KL = "full"
+
+
 def kl_penalty(logprob: ArrayLike, ref_logprob: ArrayLike, kl_penalty: str = "kl") -> jax.Array:
     """Per-token KL estimate [B, T] by estimator name (see the module docstring; verl)."""
+    if kl_penalty == FULL_KL:
+        raise ValueError('the "full" KL needs the logits of both models, not log-probs: use kl_from_hidden '
+                         "(or kl_from_logits)")
     return get_kl_estimator(kl_penalty)(logprob, ref_logprob)
 
 
@@ -100,6 +114,46 @@ def kl_from_logits(logits: ArrayLike, ref_logits: ArrayLike, temperature: float 
     log_p = jax.nn.log_softmax(as_float(logits).astype(jnp.float32) / temperature, axis=-1)
     log_q = jax.nn.log_softmax(as_float(ref_logits).astype(jnp.float32) / temperature, axis=-1)
     return jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)
+
+
+def _chunk_full_kl(weights, hidden, ref_hidden, temperature):
+    unembed, ref_unembed = weights
+    logits = jnp.dot(hidden, unembed.astype(hidden.dtype), preferred_element_type=jnp.float32)
+    ref_logits = jnp.dot(ref_hidden, ref_unembed.astype(ref_hidden.dtype), preferred_element_type=jnp.float32)
+    return (kl_from_logits(logits, ref_logits, temperature),)
+
+
+def kl_from_hidden(
+    hidden: ArrayLike,
+    unembed: ArrayLike,
+    ref_hidden: ArrayLike,
+    ref_unembed: ArrayLike,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+) -> jax.Array:
+    """Exact KL(pi(.|ctx_t) || pi_ref(.|ctx_t)) over the vocabulary, aligned with input_ids:
+
+        p = softmax(hidden[:, t-1] @ unembed / T),   q = softmax(ref_hidden[:, t-1] @ ref_unembed / T)
+        out[:, t] = sum_v p_v (log p_v - log q_v),   out[:, 0] = 0
+
+    i.e. the KL of the next-token distributions that token t was drawn from (the same
+    alignment as `log_probs_from_hidden`), at the sampling temperature T. Computed in
+    chunks of `chunk_size` positions (`map_position_chunks`), so no more than two
+    [B, chunk, V] float32 logits blocks exist at a time, never [B, T, V]; the backward pass
+    recomputes a chunk's logits. Gradients flow into `hidden` and `unembed` (the policy)
+    and into the reference arguments too unless the caller stops them (the actor loss does).
+
+    Unlike the per-token estimators (k1, k3, ... of the sampled token, Monte-Carlo estimates
+    whose expectation under pi is this KL; Schulman, "Approximating KL Divergence"), this is
+    the KL itself at every position: no sampling noise, at the cost of the reference's
+    logits at every position. Source: the definition of the KL divergence. verl's "full"
+    kl_penalty is not implemented there (see the module docstring); this is rljax's.
+    """
+    hidden, ref_hidden = jnp.asarray(hidden), jnp.asarray(ref_hidden)
+    fn = functools.partial(_chunk_full_kl, temperature=temperature)
+    (kl,) = map_position_chunks(fn, (jnp.asarray(unembed), jnp.asarray(ref_unembed)), (hidden, ref_hidden), chunk_size)
+    return align_next_token(kl)
 
 
 def compute_kl_loss(
@@ -147,8 +201,17 @@ def apply_kl_penalty(
     Returns (token_level_rewards, metrics); `current_kl` (metric actor/reward_kl_penalty) is
     what an `AdaptiveKLController.update` takes.
     """
+    return apply_kl_to_rewards(token_level_scores, kl_penalty(old_log_probs, ref_log_probs, kl_penalty_type),
+                               response_mask, kl_coef)
+
+
+def apply_kl_to_rewards(
+    token_level_scores: ArrayLike, kld: ArrayLike, response_mask: ArrayLike, kl_coef: float | jax.Array
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """`apply_kl_penalty` with the per-token KL [B, T] given (an estimator's, or the exact
+    "full" KL of `kl_from_hidden`):  rewards = scores - kl_coef * m * kld."""
     mask = as_float(response_mask)
-    kld = kl_penalty(old_log_probs, ref_log_probs, kl_penalty_type) * mask
+    kld = as_float(kld) * mask
     rewards = as_float(token_level_scores) - kl_coef * kld
     current_kl = jnp.mean(masked_mean(kld, mask, axis=-1))
     return rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": jnp.asarray(kl_coef)}
@@ -209,10 +272,12 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "apply_kl_penalty",
+    "apply_kl_to_rewards",
     "compute_kl_loss",
     "compute_rewards",
     "get_kl_controller",
     "kl_abs",
+    "kl_from_hidden",
     "kl_from_logits",
     "kl_k1",
     "kl_k1_plus",

@@ -92,6 +92,42 @@ def _chunk_stats(
     return log_probs, entropy
 
 
+def map_position_chunks(fn, weights, per_position: tuple, chunk_size: int | None):
+    """`fn(weights, *per_position)` computed chunk by chunk along the position axis.
+
+    `per_position` are arrays [B, T, ...]; `fn` maps blocks [B, c, ...] of them to a tuple
+    of [B, c] float arrays, and the result is those outputs for all T positions. The axis
+    is cut into chunks of `chunk_size` positions (every row at once, so a batch sharded
+    over devices stays sharded); `lax.map` walks the chunks and `jax.checkpoint` on the
+    body makes the backward pass recompute a chunk instead of storing it, so neither pass
+    holds more than one chunk's intermediates (e.g. [B, chunk, V] logits) at a time.
+    `chunk_size=None` (or >= T) is one block: the unchunked computation.
+
+    `weights` (a pytree, e.g. the unembedding) is closed over as an fp32 view and handed to
+    `fn` in its own dtype, so the backward pass accumulates its gradient over chunks in fp32
+    rather than in a bf16 carry; in a forward-only program XLA folds the round trip away.
+    """
+    length = per_position[0].shape[1]
+    if chunk_size is None or chunk_size >= length:
+        return fn(weights, *per_position)
+    n_chunks = -(-length // chunk_size)
+    pad = n_chunks * chunk_size - length
+
+    def split(x):  # [B, T, ...] -> [n_chunks, B, chunk, ...]: lax.map walks the (unsharded) chunk axis
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+        return x.reshape(x.shape[0], n_chunks, chunk_size, *x.shape[2:]).swapaxes(0, 1)
+
+    dtypes = jax.tree.map(lambda w: w.dtype, weights)
+    weights_acc = jax.tree.map(lambda w: w.astype(jnp.promote_types(w.dtype, jnp.float32)), weights)
+    body = jax.checkpoint(lambda xs: fn(jax.tree.map(lambda w, d: w.astype(d), weights_acc, dtypes), *xs))
+    outputs = jax.lax.map(body, tuple(split(x) for x in per_position))
+
+    def merge(y):  # [n_chunks, B, chunk] -> [B, T]
+        return y.swapaxes(0, 1).reshape(y.shape[1], n_chunks * chunk_size)[:, :length]
+
+    return jax.tree.map(merge, outputs)
+
+
 def log_probs_from_hidden(
     hidden: ArrayLike,
     unembed: ArrayLike,
@@ -128,28 +164,10 @@ def log_probs_from_hidden(
     hidden = jnp.asarray(hidden)
     unembed = jnp.asarray(unembed)
     input_ids = jnp.asarray(input_ids)
-    batch, length, width = hidden.shape
     # position t predicts token t + 1; the last position's "target" is dropped by the shift
     targets = jnp.roll(input_ids, -1, axis=1)
     stats = functools.partial(_chunk_stats, temperature=temperature, compute_entropy=compute_entropy)
-
-    if chunk_size is None or chunk_size >= length:
-        log_probs, entropy = stats(hidden, targets, unembed)
-    else:
-        n_chunks = -(-length // chunk_size)
-        pad = n_chunks * chunk_size - length
-        # [B, T, H] -> [n_chunks, B, chunk, H]: lax.map walks the (unsharded) chunk axis
-        chunks = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(batch, n_chunks, chunk_size, width)
-        chunk_targets = jnp.pad(targets, ((0, 0), (0, pad))).reshape(batch, n_chunks, chunk_size)
-        # The loop closes over an fp32 view of `unembed` (cast back to the compute dtype in the
-        # body), so the backward pass accumulates d(unembed) over chunks in fp32 rather than in
-        # a bf16 carry; in a forward-only program XLA folds the round trip away.
-        unembed_acc = unembed.astype(jnp.promote_types(unembed.dtype, jnp.float32))
-        body = jax.checkpoint(lambda xs: stats(xs[0], xs[1], unembed_acc))
-        log_probs, entropy = jax.lax.map(body, (chunks.swapaxes(0, 1), chunk_targets.swapaxes(0, 1)))
-        log_probs = log_probs.swapaxes(0, 1).reshape(batch, n_chunks * chunk_size)[:, :length]
-        entropy = entropy.swapaxes(0, 1).reshape(batch, n_chunks * chunk_size)[:, :length]
-
+    log_probs, entropy = map_position_chunks(lambda w, h, t: stats(h, t, w), unembed, (hidden, targets), chunk_size)
     log_probs = align_next_token(log_probs)
     if not compute_entropy:
         return log_probs
@@ -162,6 +180,7 @@ __all__ = [
     "compute_entropy_loss",
     "entropy_from_logits",
     "log_probs_from_hidden",
+    "map_position_chunks",
     "token_entropy",
     "token_log_probs",
 ]

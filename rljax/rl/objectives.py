@@ -9,6 +9,13 @@ step's `totals`, computed once from the masks), so splitting into micro-batches 
 devices changes nothing. The step computes sum(numerator) / sum(denominator) over
 micro-batches; this objective returns numerator = R * (its share of L) and denominator =
 its row count (R = rows in the mini-batch), so that ratio is exactly L.
+
+The policy-gradient term is multiplied by the rollout-correction IS weights
+(`algorithm.rollout_correction`, see `RolloutCorrectionSection`): in decoupled mode the
+trainer computed them on the step batch (`batch["rollout_is_weights"]`) and already
+removed rejected tokens from `response_mask`; in bypass mode they are computed here from
+the current policy. `key` (the step's PRNG key, `rljax.train.steps.step_key`) drives
+Clip-Cov's random token selection.
 """
 
 from __future__ import annotations
@@ -17,15 +24,18 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from rljax.algos.aggregation import AggTerms, agg_denominator, agg_loss_terms
-from rljax.algos.kl import kl_penalty
+from rljax.algos.kl import FULL_KL, kl_from_hidden, kl_penalty
 from rljax.algos.logprobs import log_probs_from_hidden
-from rljax.algos.masked import masked_mean
+from rljax.algos.masked import masked_mean, safe_divide
 from rljax.algos.policy_loss import PolicyLossConfig, compute_policy_loss
-from rljax.algos.rollout_correction import compute_rollout_correction_weights
+from rljax.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
 from rljax.algos.value import compute_value_loss
-from rljax.rl.config import ActorConfig, CriticConfig
+from rljax.rl.config import ActorConfig, CriticConfig, RolloutCorrectionSection
+
+sg = jax.lax.stop_gradient
 
 
 def policy_loss_config(actor: ActorConfig) -> PolicyLossConfig:
@@ -44,52 +54,99 @@ def sequence_model_log_probs(model, batch, temperature: float, entropy: bool):
                                  temperature=temperature, compute_entropy=entropy)
 
 
-def actor_objective(actor: ActorConfig, temperature: float) -> tuple[Callable, Callable]:
-    """-> (objective, totals_fn) for `make_train_step`."""
-    mode = actor.loss_agg_mode
-    loss_mode = actor.policy_loss.loss_mode
-    config = policy_loss_config(actor)
+def full_kl_to_reference(model, hidden, batch, reference_params, temperature: float) -> jax.Array:
+    """Exact KL(pi_theta || pi_ref) over the vocabulary per response position (aligned,
+    chunked: `kl_from_hidden`); the reference is `model`'s graph with the frozen params, and
+    no gradient flows into it."""
+    reference = nnx.merge(nnx.graphdef(model), reference_params)
+    ref_hidden = sg(reference.hidden_states(batch["input_ids"], attention_mask=batch["attention_mask"]))
+    return kl_from_hidden(hidden, model.unembedding(), ref_hidden, sg(reference.unembedding()),
+                          temperature=temperature)
 
-    def is_weights(batch):
-        if actor.tis_imp_ratio_cap is None:
-            return None, {}
-        log_ratio = batch["old_log_probs"] - batch["rollout_log_probs"]
-        weights, _, metrics = compute_rollout_correction_weights(
-            log_ratio, batch["response_mask"], "token", actor.tis_imp_ratio_cap)
-        return weights, {f"rollout_corr/{k}": v for k, v in metrics.items()}
+
+def effective_loss_mode(actor: ActorConfig, correction: RolloutCorrectionSection) -> str:
+    """The policy loss in use: verl's bypass mode with loss_type=reinforce replaces it."""
+    if correction.bypass_mode and correction.loss_type == "reinforce":
+        return "reinforce"
+    return actor.policy_loss.loss_mode
+
+
+def correction_kwargs(correction: RolloutCorrectionSection) -> dict:
+    """`compute_rollout_correction_and_rejection_mask` keyword arguments of the config."""
+    return dict(rollout_is=correction.rollout_is, rollout_is_threshold=correction.rollout_is_threshold,
+                rollout_is_mode=correction.rollout_is_mode,
+                rollout_is_batch_normalize=correction.rollout_is_batch_normalize,
+                rollout_rs=correction.rollout_rs, rollout_rs_threshold=correction.rollout_rs_threshold,
+                rollout_is_veto_threshold=correction.rollout_token_veto_threshold)
+
+
+def actor_objective(actor: ActorConfig, temperature: float,
+                    correction: RolloutCorrectionSection | None = None) -> tuple[Callable, Callable]:
+    """-> (objective, totals_fn) for `make_train_step`.
+
+    The batch holds input_ids, attention_mask, response_mask, old_log_probs, advantages;
+    ref_log_probs for a per-token KL loss; rollout_is_weights in decoupled rollout
+    correction with `rollout_is` set. `frozen` is the reference's params (a KL loss of type
+    "full" runs the reference forward on them)."""
+    correction = correction or RolloutCorrectionSection()
+    mode = actor.loss_agg_mode
+    loss_mode = effective_loss_mode(actor, correction)
+    config = policy_loss_config(actor)
+    bypass = correction.bypass_mode
 
     def totals(batch):
-        """Global denominators: they depend on masks (and advantages) only, so evaluating
-        the loss at log pi = log pi_old reads them off without a model."""
+        """Global denominators of the mini-batch. They depend on masks (and advantages) only:
+        the policy loss evaluated at log pi = log pi_old reads its own denominator off
+        without a model (with key=None; Clip-Cov's selection, random or not, only zeroes
+        token losses and never changes a denominator)."""
         old = batch["old_log_probs"]
         pg, _ = compute_policy_loss(loss_mode, old, old, batch["advantages"], batch["response_mask"], mode, config,
-                                    is_weights(batch)[0], key=jax.random.key(0), return_terms=True)
+                                    None, key=None, return_terms=True)
         return {
             "pg": pg.denominator,
             "agg": agg_denominator(batch["response_mask"], mode),
             "rows": jnp.asarray(batch["input_ids"].shape[0], jnp.float32),
         }
 
-    def objective(model, batch, frozen, totals):
+    def pg_weights_and_mask(batch, log_prob):
+        """(IS weights or None, the policy-gradient term's mask, metrics)."""
         mask = batch["response_mask"]
-        log_prob, entropy = sequence_model_log_probs(model, batch, temperature, entropy=True)
-        weights, metrics = is_weights(batch)
+        if not bypass:  # decoupled: computed on the step batch by the trainer
+            return batch.get("rollout_is_weights"), mask, {}
+        # bypass: old_log_probs are the sampler's; rho = pi_theta / pi_rollout, no gradient (verl)
+        weights, kept, metrics = compute_rollout_correction_and_rejection_mask(
+            sg(log_prob), batch["old_log_probs"], mask, **correction_kwargs(correction))
+        # ppo_clip: the ratio already is pi_theta / pi_rollout; the weights are metrics only
+        return (weights if correction.loss_type == "reinforce" else None), kept, metrics
+
+    def objective(model, batch, frozen, totals, key):
+        mask = batch["response_mask"]
+        hidden = model.hidden_states(batch["input_ids"], attention_mask=batch["attention_mask"])
+        log_prob, entropy = log_probs_from_hidden(hidden, model.unembedding(), batch["input_ids"],
+                                                  temperature=temperature, compute_entropy=True)
+        weights, pg_mask, metrics = pg_weights_and_mask(batch, log_prob)
         pg, pg_metrics = compute_policy_loss(
-            loss_mode, batch["old_log_probs"], log_prob, batch["advantages"], mask, mode, config, weights,
-            key=jax.random.key(0), global_denominator=totals["pg"])
+            loss_mode, batch["old_log_probs"], log_prob, batch["advantages"], pg_mask, mode, config, weights,
+            key=key, global_denominator=totals["pg"])
         metrics.update(pg_metrics)
-        entropy_terms = agg_loss_terms(entropy, mask, mode, actor.loss_scale_factor)
-        entropy_loss = entropy_terms.numerator / totals["agg"]
-        loss = pg - actor.entropy_coeff * entropy_loss
-        metrics["actor/entropy"] = jax.lax.stop_gradient(masked_mean(entropy, mask))
-        if actor.use_kl_loss:
-            kld = kl_penalty(log_prob, batch["ref_log_probs"], actor.kl_loss_type)
-            kl_loss = agg_loss_terms(kld, mask, mode, actor.loss_scale_factor).numerator / totals["agg"]
-            loss = loss + actor.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = jax.lax.stop_gradient(masked_mean(kld, mask))
-            metrics["actor/kl_coef"] = jnp.asarray(actor.kl_loss_coef, jnp.float32)
         rows = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
-        metrics["actor/pg_loss"] = jax.lax.stop_gradient(pg * totals["rows"] / rows)
+        # a term's share of the mini-batch value, as a metric: the step weighs metrics by `rows`
+        # and sums, so sum_m rows_m * (term_m * R / rows_m) / R = the mini-batch's term, exactly
+        as_metric = lambda term: sg(term * totals["rows"] / rows)  # noqa: E731
+        entropy_loss = safe_divide(agg_loss_terms(entropy, mask, mode, actor.loss_scale_factor).numerator,
+                                   totals["agg"])
+        loss = pg - actor.entropy_coeff * entropy_loss
+        metrics["actor/entropy"] = as_metric(entropy_loss)  # agg(entropy), as verl
+        if actor.use_kl_loss:
+            if actor.kl_loss_type == FULL_KL:
+                kld = full_kl_to_reference(model, hidden, batch, frozen, temperature)
+            else:
+                kld = kl_penalty(log_prob, batch["ref_log_probs"], actor.kl_loss_type)
+            kl_loss = safe_divide(agg_loss_terms(kld, mask, mode, actor.loss_scale_factor).numerator, totals["agg"])
+            loss = loss + actor.kl_loss_coef * kl_loss
+            metrics["actor/kl_loss"] = as_metric(kl_loss)  # agg(kl), as verl
+            metrics["actor/kl_coef"] = jnp.asarray(actor.kl_loss_coef, jnp.float32)
+        metrics["actor/pg_loss"] = as_metric(pg)
         return AggTerms(loss * totals["rows"], rows), metrics
 
     return objective, totals
@@ -100,7 +157,7 @@ def critic_objective(critic: CriticConfig) -> Callable:
     value of token t is read from the hidden state that predicts it, position t-1). One
     term, so its own (numerator, denominator) is already micro-batch exact."""
 
-    def objective(model, batch, frozen, totals):
+    def objective(model, batch, frozen, totals, key=None):
         vpreds = aligned_values(model, batch)
         terms, metrics = compute_value_loss(vpreds, batch["returns"], batch["values"], batch["response_mask"],
                                             critic.cliprange_value, critic.loss_agg_mode, return_terms=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -24,10 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rljax.algos.kl import apply_kl_penalty, get_kl_controller
+from rljax.algos.kl import FULL_KL, apply_kl_to_rewards, get_kl_controller, kl_from_hidden, kl_penalty
 from rljax.algos.logprobs import log_probs_from_hidden
 from rljax.algos.registry import get_adv_estimator_fn
-from rljax.checkpoint import Checkpointer, abstract_like
+from rljax.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
+from rljax.checkpoint import Checkpointer, abstract_like, resume_source
 from rljax.config import config_to_dict, save_config
 from rljax.data import make_dataset
 from rljax.data.synthetic_spec import materialize
@@ -39,7 +41,7 @@ from rljax.rl.config import RLConfig
 from rljax.rl.evaluate import validate
 from rljax.rl.generation import make_reward_manager, make_round_fn, make_sampler
 from rljax.rl.model_rewards import build_model_rewards
-from rljax.rl.objectives import actor_objective, aligned_values, critic_objective
+from rljax.rl.objectives import actor_objective, aligned_values, correction_kwargs, critic_objective
 from rljax.rl.rollout import ScoredRollout, dynamic_sampling, sampling_params
 from rljax.rl.warmup import run_warmup_sft
 from rljax.tracking import Tracker
@@ -124,6 +126,21 @@ def make_log_prob_fn(graphdef: nnx.GraphDef, temperature: float):
     return log_probs
 
 
+def make_full_kl_fn(graphdef: nnx.GraphDef, temperature: float):
+    """Jitted aligned exact KL(pi || pi_ref) over the vocabulary per position, `(params,
+    reference params, input_ids, attention_mask) -> [B, T]`; chunked over positions
+    (`rljax.algos.kl.kl_from_hidden`), never [B, T, vocab]."""
+
+    @jax.jit
+    def full_kl(params, reference, input_ids, attention_mask):
+        model, ref = nnx.merge(graphdef, params), nnx.merge(graphdef, reference)
+        hidden = model.hidden_states(input_ids, attention_mask=attention_mask)
+        ref_hidden = ref.hidden_states(input_ids, attention_mask=attention_mask)
+        return kl_from_hidden(hidden, model.unembedding(), ref_hidden, ref.unembedding(), temperature=temperature)
+
+    return full_kl
+
+
 def make_value_fn(graphdef: nnx.GraphDef):
     @jax.jit
     def values(params, input_ids, attention_mask):
@@ -167,6 +184,10 @@ class RLTrainer:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(
             cfg.data, format="rl", train_files=materialize(cfg.data.train_files, data_dir, "train"),
             val_files=materialize(cfg.data.val_files, data_dir, "val")))
+        fg = cfg.algorithm.filter_groups
+        if fg.enable and fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
+            raise ValueError("algorithm.filter_groups.metric=seq_final_reward: groups are filtered before the "
+                             "KL-in-reward penalty exists; use seq_reward (the score) or turn use_kl_in_reward off")
         self.mesh = make_mesh(cfg.mesh)
         self.tokenizer = load_tokenizer(cfg.model)
         if jax.process_index() == 0:
@@ -178,12 +199,20 @@ class RLTrainer:
         a, r, alg = cfg.actor, cfg.rollout, cfg.algorithm
 
         decoder = build_decoder(cfg.model, self.tokenizer, mesh=self.mesh)
-        objective, totals = actor_objective(a, r.temperature)
-        keys = ACTOR_KEYS + (("ref_log_probs",) if a.use_kl_loss else ()) + (
-            ("rollout_log_probs",) if a.tis_imp_ratio_cap is not None else ())
+        corr = alg.rollout_correction
+        objective, totals = actor_objective(a, r.temperature, corr)
+        keys = ACTOR_KEYS + (("ref_log_probs",) if a.use_kl_loss and a.kl_loss_type != FULL_KL else ()) + (
+            ("rollout_is_weights",) if corr.rollout_is is not None and not corr.bypass_mode else ())
         self.actor = make_learner(decoder, a.optim, objective, totals, cfg, self.mesh, a.ppo_mini_batch_size,
                                   a.ppo_micro_batch_size_per_device, a.ppo_epochs, a.shuffle, keys, cfg.trainer.seed)
         self.log_probs = make_log_prob_fn(self.actor.graphdef, r.temperature)
+        # KL-in-reward "full": the exact KL(pi_old || pi_ref) per position, chunked over the vocabulary
+        self.full_kl = (make_full_kl_fn(self.actor.graphdef, r.temperature)
+                        if alg.use_kl_in_reward and alg.kl_penalty == FULL_KL else None)
+        # decoupled rollout correction: weights and rejections on the step batch (bypass: in the loss)
+        self.rollout_correction = (jax.jit(functools.partial(compute_rollout_correction_and_rejection_mask,
+                                                             **correction_kwargs(corr)))
+                                   if corr.enabled and not corr.bypass_mode else None)
         self.reference = None
         if a.use_kl_loss or alg.use_kl_in_reward:  # frozen copy of the initial policy
             params = self.actor.state.params
@@ -221,16 +250,16 @@ class RLTrainer:
 
     def rollout(self, timer: Timer) -> ScoredRollout:
         cfg = self.cfg
-        seed = cfg.rollout.seed * 1_000_003 + self.step_count
-        params = sampling_params(cfg, seed)
+        params = sampling_params(cfg, self.step_count)
 
         def generate_round(prompts, offset):
             return self.generate_round(prompts, params, offset)
 
         with timer("gen"):
             if cfg.algorithm.filter_groups.enable:
+                fg = cfg.algorithm.filter_groups
                 rollout = dynamic_sampling(lambda: next(self.train_data), generate_round, cfg.data.batch_size,
-                                           cfg.algorithm.filter_groups.max_num_gen_batches)
+                                           fg.max_num_gen_batches, fg.metric)
             else:
                 prompts = next(self.train_data)
                 rollout = generate_round(prompts, 0)
@@ -260,14 +289,18 @@ class RLTrainer:
         row = cfg.data.max_prompt_length + cfg.rollout.response_length
         batch = build_batch(samples, cfg.data.bucket_size or row, row, pad_id=self.tokenizer.pad_token_id or 0)
         ids, mask = shard_batch({"i": batch["input_ids"], "m": batch["attention_mask"]}, self.mesh).values()
+        a, alg = cfg.actor, cfg.algorithm
         with timer("old_log_prob"):
-            if cfg.actor.use_rollout_log_probs:
+            if a.use_rollout_log_probs or alg.rollout_correction.bypass_mode:
                 batch["old_log_probs"] = batch["rollout_log_probs"].copy()
             else:
                 batch["old_log_probs"] = np.asarray(self.log_probs(self.actor.state.params, ids, mask))
-        if self.reference is not None:
+        if (a.use_kl_loss and a.kl_loss_type != FULL_KL) or (alg.use_kl_in_reward and alg.kl_penalty != FULL_KL):
             with timer("ref"):
                 batch["ref_log_probs"] = np.asarray(self.log_probs(self.reference, ids, mask))
+        if self.full_kl is not None:
+            with timer("ref"):
+                batch["full_kl"] = np.asarray(self.full_kl(self.actor.state.params, self.reference, ids, mask))
         if self.critic is not None:
             with timer("values"):
                 batch["values"] = np.asarray(self.values(self.critic.state.params, ids, mask)) * batch["response_mask"]
@@ -279,12 +312,22 @@ class RLTrainer:
         cfg, alg = self.cfg, self.cfg.algorithm
         rewards = batch["token_level_scores"]
         if alg.use_kl_in_reward:
-            rewards, kl_metrics = apply_kl_penalty(rewards, batch["old_log_probs"], batch["ref_log_probs"],
-                                                   batch["response_mask"], self.kl_ctrl.value, alg.kl_penalty)
+            kld = batch["full_kl"] if alg.kl_penalty == FULL_KL else kl_penalty(
+                batch["old_log_probs"], batch["ref_log_probs"], alg.kl_penalty)
+            rewards, kl_metrics = apply_kl_to_rewards(rewards, kld, batch["response_mask"], self.kl_ctrl.value)
             kl_metrics = {k: float(v) for k, v in kl_metrics.items()}
             self.kl_ctrl = self.kl_ctrl.update(kl_metrics["actor/reward_kl_penalty"], cfg.data.batch_size)
             metrics.update(kl_metrics)
         batch["token_level_rewards"] = np.asarray(rewards, np.float32)
+        if self.rollout_correction is not None:
+            # after the KL penalty, before the advantages, as verl's trainer: rejected tokens leave
+            # response_mask (every later use: advantages, actor and critic losses, their denominators)
+            weights, kept, corr_metrics = self.rollout_correction(
+                batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])
+            batch["response_mask"] = np.asarray(kept, np.float32)
+            if weights is not None:
+                batch["rollout_is_weights"] = np.asarray(weights, np.float32)
+            metrics.update({k: float(v) for k, v in corr_metrics.items()})
         baselines = np.asarray([s.baseline for s in samples], np.float32)
         advantages, returns = self.advantage_fn(
             token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
@@ -343,22 +386,23 @@ class RLTrainer:
         self.checkpointer.save(self.step_count, state, self.train_data.get_state(), meta)
 
     def _maybe_resume(self) -> int:
-        if self.cfg.trainer.resume_mode == "disable":
+        found = resume_source(self.cfg.trainer.resume_mode, self.checkpointer)
+        if found is None:
             return 0
-        step = self.checkpointer.latest_step()
-        if step is None:
-            return 0
+        source, step = found
         target: dict[str, Any] = {"actor": abstract_like(self.actor.state)}
         if self.critic is not None:
             target["critic"] = abstract_like(self.critic.state)
-        state, data_state, meta = self.checkpointer.restore(step, target)
+        state, data_state, meta = source.restore(step, target)
+        if source is not self.checkpointer:
+            source.close()
         self.actor.state = state["actor"]
         if self.critic is not None:
             self.critic.state = state["critic"]
         self.kl_ctrl = dataclasses.replace(self.kl_ctrl, value=meta["kl_coef"])
         self.train_data.set_state(data_state)
         if jax.process_index() == 0:
-            print(f"resumed from {self.checkpointer.directory}/{step}", flush=True)
+            print(f"resumed from {source.directory}/{step}", flush=True)
         return int(step)
 
     def fit(self) -> list[dict[str, float]]:

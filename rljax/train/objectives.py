@@ -1,8 +1,9 @@
-"""Objectives for the shared train step: `objective(model, batch, frozen, totals) -> (AggTerms, metrics)`.
+"""Objectives for the shared train step: `objective(model, batch, frozen, totals, key) -> (AggTerms, metrics)`.
 
 Each reads one micro-batch in the data contract of `rljax.data` and returns its loss as
 a (numerator, denominator) pair of sums, so the step normalises once over the whole
-mini-batch. Token log-probs come from hidden states in chunks (`log_probs_from_hidden`),
+mini-batch. `key` is the step's PRNG key (`rljax.train.steps.step_key`); these
+objectives are deterministic and ignore it. Token log-probs come from hidden states in chunks (`log_probs_from_hidden`),
 so the `[B, T, vocab]` logits are never materialised.
 """
 
@@ -40,7 +41,7 @@ def token_log_probs_of(model, input_ids, attention_mask=None, positions=None, se
 
 
 def sft_objective(loss_agg_mode: str = "token-mean") -> Callable:
-    def objective(model, batch, frozen, totals=None):
+    def objective(model, batch, frozen, totals=None, key=None):
         logp = token_log_probs_of(model, batch["input_ids"], positions=batch["positions"],
                                   segment_ids=batch["segment_ids"])
         terms, metrics = sft_loss(logp, batch["loss_mask"], loss_agg_mode, return_terms=True)
@@ -68,7 +69,7 @@ def dpo_objective(config: DPOConfig, reference_graphdef: nnx.GraphDef | None) ->
         half = seq.shape[0] // 2
         return seq[:half], seq[half:]
 
-    def objective(model, batch, frozen, totals=None):
+    def objective(model, batch, frozen, totals=None, key=None):
         ids, mask, loss_mask = _pairs(batch)
         chosen, rejected = sequence_logps(model, ids, mask, loss_mask)
         ref_chosen = ref_rejected = None
@@ -86,7 +87,7 @@ def rm_objective(config: RMConfig) -> Callable:
     """Bradley-Terry on a `ScalarHeadModel`: the score of each chosen answer against its
     rejected one."""
 
-    def objective(model, batch, frozen, totals=None):
+    def objective(model, batch, frozen, totals=None, key=None):
         ids, mask, _ = _pairs(batch)
         scores = model(ids, mask)
         half = scores.shape[0] // 2
@@ -98,10 +99,11 @@ def rm_objective(config: RMConfig) -> Callable:
 
 def make_eval_step(graphdef: nnx.GraphDef, objective: Callable):
     """Jitted `(params, batch, frozen) -> (numerator, denominator, metrics * denominator)`;
-    a validation loop sums these over batches and divides once."""
+    a validation loop sums these over batches and divides once. Evaluation is
+    deterministic: the objective gets no totals and `key=None`."""
 
     def evaluate(params, batch, frozen):
-        terms, metrics = objective(nnx.merge(graphdef, params), batch, frozen, None)
+        terms, metrics = objective(nnx.merge(graphdef, params), batch, frozen, None, None)
         weighted = {k: v * terms.denominator for k, v in metrics.items()}
         return terms.numerator, terms.denominator, weighted
 

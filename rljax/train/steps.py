@@ -1,11 +1,19 @@
 """The jitted train step, shared by every objective.
 
-An objective is a pure function `objective(model, micro_batch, frozen, totals) ->
+An objective is a pure function `objective(model, micro_batch, frozen, totals, key) ->
 (AggTerms, metrics)`: the loss as a numerator and a denominator that are *sums* over the
 micro-batch (see `rljax.algos.aggregation`), and a dict of scalar metrics that are means
 over it. `totals` is `totals_fn(mini_batch)` evaluated once on the whole mini-batch (or
 None): global counts an objective that sums several differently normalised terms needs
-(e.g. the RL actor's policy, KL and entropy terms).
+(e.g. the RL actor's policy, KL and entropy terms). `key` is a PRNG key for randomness
+inside the loss (Clip-Cov's random token selection); objectives without randomness ignore
+it. It is derived from the state, never drawn from a global seed:
+
+    key(step, m) = fold_in(fold_in(wrap_key_data(state.rng), state.step), m)
+
+for micro-batch m of the optimizer step `state.step`, so every step and every micro-batch
+draws fresh noise, and a resumed run (its `TrainState` restored: rng and step) draws
+exactly the noise the uninterrupted run draws. `state.rng` itself never changes.
 
 The step splits the global mini-batch into `num_micro_batches`, scans over them
 accumulating the gradient of the numerator, the numerator and the denominator, and divides
@@ -33,7 +41,14 @@ from flax import nnx, struct
 
 from rljax.algos.aggregation import AggTerms
 
-Objective = Callable[[Any, dict, Any], tuple[AggTerms, dict]]
+# objective(model, micro_batch, frozen, totals, key) -> (AggTerms, metrics)
+Objective = Callable[[nnx.Module, dict, Any, Any, jax.Array], tuple[AggTerms, dict]]
+
+
+def step_key(rng: jax.Array, step: jax.Array, micro_batch: jax.Array | int) -> jax.Array:
+    """The objective's PRNG key for micro-batch `micro_batch` of optimizer step `step`:
+    fold_in(fold_in(key(rng), step), micro_batch), with `rng` the state's raw key data."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.wrap_key_data(rng), step), micro_batch)
 
 
 @struct.dataclass
@@ -42,7 +57,7 @@ class TrainState:
     opt_state: Any
     step: jax.Array  # int32 scalar: optimizer steps taken (skipped ones included)
     skipped_steps: jax.Array  # int32 scalar
-    rng: jax.Array  # uint32 key data
+    rng: jax.Array  # uint32 key data; the objective's per-step keys derive from it (`step_key`)
 
 
 def init_train_state(params, optimizer: optax.GradientTransformation, seed: int = 0) -> TrainState:
@@ -82,9 +97,9 @@ def make_train_step(
     shardings and the state donated. `graphdef` is split from the model once, by the
     caller; `frozen` carries arrays that are read but not trained (a reference model)."""
 
-    def micro_step(params, micro_batch, frozen, totals):
+    def micro_step(params, micro_batch, frozen, totals, key):
         def numerator(p):
-            terms, metrics = objective(nnx.merge(graphdef, p), micro_batch, frozen, totals)
+            terms, metrics = objective(nnx.merge(graphdef, p), micro_batch, frozen, totals, key)
             return terms.numerator, (terms.denominator, metrics)
 
         (num, (den, metrics)), grads = jax.value_and_grad(numerator, has_aux=True)(params)
@@ -94,11 +109,13 @@ def make_train_step(
         totals = totals_fn(batch) if totals_fn is not None else None
         micro = split_micro_batches(batch, num_micro_batches)
         first = jax.tree.map(lambda x: x[0], micro)
-        shapes = jax.eval_shape(micro_step, state.params, first, frozen, totals)
+        keys = jax.vmap(lambda m: step_key(state.rng, state.step, m))(jnp.arange(num_micro_batches))
+        shapes = jax.eval_shape(micro_step, state.params, first, frozen, totals, keys[0])
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
-        def body(carry, mb):
-            grads, num, den, metrics = micro_step(state.params, mb, frozen, totals)
+        def body(carry, xs):
+            mb, key = xs
+            grads, num, den, metrics = micro_step(state.params, mb, frozen, totals, key)
             g_acc, n_acc, d_acc, m_acc = carry
             weighted = jax.tree.map(lambda m: m * den, metrics)
             return (
@@ -108,7 +125,7 @@ def make_train_step(
                 jax.tree.map(jnp.add, m_acc, weighted),
             ), None
 
-        (grads, num, den, metric_sums), _ = jax.lax.scan(body, zeros, micro)
+        (grads, num, den, metric_sums), _ = jax.lax.scan(body, zeros, (micro, keys))
         loss = num / den
         grads = jax.tree.map(lambda g: g / den, grads)
         grad_norm = optax.tree.norm(grads)

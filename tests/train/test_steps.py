@@ -74,8 +74,8 @@ def test_sharded_step_equals_single_device(layout):
 
 
 def test_non_finite_step_is_skipped_and_counted():
-    def objective(model, batch, frozen, totals):
-        terms, metrics = sft_objective()(model, batch, frozen, totals)
+    def objective(model, batch, frozen, totals, key):
+        terms, metrics = sft_objective()(model, batch, frozen, totals, key)
         return AggTerms(terms.numerator * batch["scale"][0], terms.denominator), metrics
 
     batch = {**sft_batch(), "scale": np.full((8,), np.inf, np.float32)}
