@@ -1,11 +1,27 @@
 """A Python code-interpreter tool that runs model-written code in a separate, limited process.
 
-What runs: ``[unshare --net [--setuid U --setgid G] --] <python> -I -S -B -c PREAMBLE`` with the
-code on stdin, spawned by `asyncio.create_subprocess_exec`, in a new session (its own process
-group), in a fresh scratch directory (``tempfile.mkdtemp``, removed afterwards), with an
-environment of exactly ``PATH=/usr/bin:/bin``.
+What runs: ``<launcher> <python> -I -S -B -c PREAMBLE CONFIG`` with the code on stdin, spawned
+by `asyncio.create_subprocess_exec`, in a new session (its own process group), in a fresh
+scratch directory (``tempfile.mkdtemp``, removed afterwards), with an environment of exactly
+``PATH=/usr/bin:/bin`` and ``TMPDIR=<scratch>``. Which launcher is decided once per
+configuration by a probe that runs a small program under each candidate and keeps the first
+one whose isolation the program actually observes; `capabilities()` reports those
+observations and the active layers are logged once (a warning when the OS layer or the uid
+drop is missing).
 
-Layers (each one fails independently of the others):
+Two groups of layers; each layer fails independently of the others.
+
+OS layer (``os_sandbox: auto``, when bubblewrap's ``bwrap`` is installed and works; see
+``os_sandbox.py``): fresh mount, pid, network, ipc and uts namespaces; a root with only
+``/usr``, the system ``/bin``/``/lib`` entries, the interpreter's own files, ``read_paths``, a
+private ``/proc`` and ``/dev``, and the scratch dir (the only writable path); as root, the
+preamble drops to `sandbox_uid`/`sandbox_gid` before any model code runs (this works for an
+interpreter under ``/root`` too, since only its files are bound, at their own paths);
+``no_new_privs``; a seccomp filter refusing namespace creation, mounts, ``ptrace``, ``bpf``,
+``keyctl``, ``io_uring``, ``perf_event_open``, ``userfaultfd``, module loading and the like
+(x86_64 and aarch64). These hold against native code too: they are kernel-enforced.
+
+In-process layers (always, bwrap or not):
 
 1. Resource limits, set in a `preexec_fn` between fork and exec: ``RLIMIT_CPU`` (CPU seconds,
    SIGXCPU then SIGKILL), ``RLIMIT_AS`` (address space, so big allocations raise
@@ -13,34 +29,38 @@ Layers (each one fails independently of the others):
    (largest file it can write), ``RLIMIT_NOFILE``, ``RLIMIT_CORE = 0``.
 2. A wall-clock timeout that SIGKILLs the whole process group; a cap on captured output
    (the group is killed when the cap is exceeded).
-3. Network: ``unshare --net`` gives the process an empty network namespace (no interface up,
-   not even loopback) when the probe at first use shows it works (as root; or through a user
-   namespace for other users). Privileges: as root, ``--setuid/--setgid`` drop to an
-   unprivileged uid (default 65534 "nobody") if that uid can run the interpreter - only then
-   is ``RLIMIT_NPROC`` effective, because the kernel does not apply it to root.
+3. Without bwrap: ``unshare --net`` for an empty network namespace when the probe shows it
+   works, and, as root, ``--setuid/--setgid`` to the unprivileged uid if that uid can run the
+   interpreter (not for one under ``/root``: then the code runs as root, and the log and
+   `capabilities()` say so). ``RLIMIT_NPROC`` only binds a non-root uid.
 4. An audit hook (``sys.addaudithook``, installed by the preamble before the code runs) that
    raises ``PermissionError`` on: every ``socket.*`` event; process creation (``os.fork``,
    ``os.exec``, ``os.posix_spawn``, ``os.spawn``, ``os.system``, ``subprocess.Popen``,
-   ``pty.spawn``); signals (``os.kill``, ``os.killpg``, ``signal.pthread_kill``); ``ctypes``
-   and importing ``ctypes``/``_ctypes``/``_posixsubprocess``; ``resource.setrlimit`` /
-   ``prlimit``; ``gc`` object walks and rebinding function code/defaults; opening a file for
-   writing, or creating/removing/renaming/linking/chmod-ing a path (or a sqlite database),
-   outside the scratch directory; ``os.open`` of a directory outside it (which would give a
-   ``dir_fd`` for ``*at()`` calls that escape the path checks); reading ``/proc/<pid>/...``
-   of any other process.
+   ``pty.spawn``); creating a sub-interpreter (``cpython.PyInterpreterState_New``: a new
+   interpreter would start without the hook) and importing the sub-interpreter modules;
+   signals (``os.kill``, ``os.killpg``, ``signal.pthread_kill``); ``ctypes`` and importing
+   ``ctypes``/``_ctypes``/``_posixsubprocess``/the ``_test*`` modules; loading an extension
+   module from outside the standard library; ``code.__new__`` (hand-made code objects);
+   ``resource.setrlimit``/``prlimit``; ``gc`` object walks and rebinding function
+   code/defaults; writing, creating, removing, renaming, linking or chmod-ing a path outside
+   the scratch directory; reading or listing a path outside the scratch directory, the
+   interpreter's standard library, ``read_paths``, ``/usr/share/zoneinfo``, ``/dev/null``-like
+   devices and the process's own ``/proc`` entry; ``os.open`` of a directory outside the
+   scratch dir. A relative path is checked against the working directory *and* every open
+   directory fd, because the audit event does not say which ``dir_fd`` a ``*at()`` call uses.
 5. ``-I -S``: isolated mode (no ``PYTHON*`` variables, no user site, no script dir on
    ``sys.path``) and no ``site``: only the standard library is importable.
 
-What this does NOT guarantee: it is not a security boundary against a determined attacker.
-An audit hook is a CPython-level tripwire; native code (an extension module reachable from
-the standard library, a memory-corruption bug in the interpreter) bypasses it, and there are
-known Python-level escapes for audit hooks in general. Without the privilege drop the code
-runs as the parent's user and can read every file that user can read (only writes are
-checked, by path, with the usual check-then-use race). RLIMIT_NPROC counts all processes of
-the sandbox uid (so size it above the number of concurrent sandboxes) and is ignored for
-root. It is a guard against the mistakes and accidents of RL policies (infinite loops, fork
-loops, memory blow-ups, stray writes, chatty output, attempts to use the network), not
-against an adversary. For untrusted code run it inside a VM or gVisor/nsjail container.
+What holds without the OS layer: the in-process layers are a CPython-level tripwire, not a
+security boundary. Native code (a memory-corruption bug, crafted bytecode through
+``marshal``) bypasses an audit hook; path checks race with threads that swap symlinks
+between check and use; ``os.stat``/``os.path.exists`` of any path are not audited. The code
+may run as root (see 3). It is a guard against the mistakes and accidents of RL policies
+(infinite loops, fork loops, memory blow-ups, stray writes and reads, chatty output, the
+network), not against an adversary. With the OS layer the filesystem, process, network and
+uid boundaries are the kernel's; remaining risk is a kernel bug reachable through the
+allowed system calls. For hostile workloads add a VM or gVisor, or use the remote
+`SandboxFusionTool` (``sandbox_fusion.py``).
 
 `preexec_fn` note: it runs Python code between fork and exec, which CPython documents as
 unsafe in processes with threads (a lock held by another thread at fork time can deadlock
@@ -52,106 +72,25 @@ the child.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import resource
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 from rljax.agent.tools.base import PerLoopSemaphore, Tool, ToolResult
+from rljax.agent.tools.os_sandbox import (
+    bwrap_argv, find_bwrap, interpreter_files, seccomp_filter, seccomp_pipe,
+)
+from rljax.agent.tools.sandbox_preamble import PREAMBLE, PROBE_CODE
 
-# The preamble runs first in the sandboxed interpreter: it installs the audit hook and then
-# executes the code read from stdin. Everything the hook uses is bound as a default argument
-# so that rebinding module globals or builtins from the untrusted code does not affect it.
-PREAMBLE = r'''
-import sys, os, traceback
-def _install(scratch):
-    def hook(event, args, _scratch=scratch, _pid=os.getpid(), _any=any, _len=len,
-             _realpath=os.path.realpath, _isdir=os.path.isdir, _join=os.path.join, _getcwd=os.getcwd,
-             _fsdecode=os.fsdecode, _fspath=os.fspath, _isinstance=isinstance, _int=int,
-             _str=str, _bytes=bytes, _sep=os.sep, _PermissionError=PermissionError,
-             _WRITE_FLAGS=os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC,
-             _PATH_EVENTS=frozenset({
-                 "os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.symlink", "os.link",
-                 "os.chmod", "os.chown", "os.truncate", "os.utime", "os.setxattr",
-                 "os.removexattr", "os.chflags", "os.lchflags", "os.mkfifo", "os.mknod",
-                 "shutil.rmtree", "shutil.copyfile", "shutil.copymode", "shutil.copystat",
-                 "shutil.chown", "shutil.move", "shutil.make_archive", "shutil.unpack_archive",
-                 "sqlite3.connect"}),
-             _DENY=frozenset({
-                 "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system",
-                 "os.startfile", "subprocess.Popen", "pty.spawn", "os.kill", "os.killpg",
-                 "signal.pthread_kill", "resource.setrlimit", "resource.prlimit",
-                 "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.addaudithook",
-                 "os.chroot", "webbrowser.open"}),
-             _DENY_PREFIX=("ctypes.", "winreg."),
-             _DENY_IMPORT=frozenset({"ctypes", "_ctypes", "_posixsubprocess"}),
-             _DENY_ATTR=frozenset({"__code__", "__globals__", "__closure__", "__defaults__",
-                                    "__kwdefaults__"})):
-        def inside(p):
-            if _isinstance(p, _int):
-                return True  # an already open file descriptor
-            try:
-                p = _fsdecode(_fspath(p))
-            except TypeError:
-                return True  # not a path (e.g. None)
-            full = _realpath(_join(_getcwd(), p))
-            return full == _scratch or full.startswith(_scratch + _sep)
-        def deny(what):
-            raise _PermissionError("sandbox: " + what + " is not allowed")
-        if event == "open":
-            path, mode, flags = args
-            writing = (mode is not None and _any(c in mode for c in "wax+")) or \
-                (_isinstance(flags, _int) and (flags & _WRITE_FLAGS))
-            if writing and not inside(path):
-                deny("writing outside the scratch directory")
-            if mode is None and not inside(path) and _isdir(path):
-                # os.open of a directory would give a dir_fd for *at() calls that escape
-                # the path checks below.
-                deny("opening a directory outside the scratch directory")
-            if not _isinstance(path, _int):
-                try:
-                    full = _realpath(_join(_getcwd(), _fsdecode(_fspath(path))))
-                except TypeError:
-                    full = ""
-                parts = full.split(_sep)
-                if _len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and \
-                        parts[2] != _str(_pid):
-                    deny("reading another process's /proc entry")
-        elif event in _PATH_EVENTS:
-            for a in args:
-                if _isinstance(a, (_str, _bytes)) and not inside(a):
-                    deny(event + " outside the scratch directory")
-        elif event.startswith("socket."):
-            deny("network access (" + event + ")")
-        elif event in _DENY or event.startswith(_DENY_PREFIX):
-            deny(event)
-        elif event == "import" and args[0] in _DENY_IMPORT:
-            deny("importing " + args[0])
-        elif event == "object.__setattr__" and _len(args) > 1 and args[1] in _DENY_ATTR:
-            deny("rebinding " + args[1])
-    sys.addaudithook(hook)
-_install(os.path.realpath(os.getcwd()))
-del _install
-_src = sys.stdin.read()
-sys.stdin.close()
-_globals = {"__name__": "__main__", "__builtins__": __builtins__}
-try:
-    exec(compile(_src, "<code>", "exec"), _globals)
-except SystemExit:
-    raise
-except BaseException as _e:
-    # Print the traceback without the preamble's own frames (file "<string>").
-    _frames = [f for f in traceback.extract_tb(_e.__traceback__) if f.filename != "<string>"]
-    sys.stderr.write("Traceback (most recent call last):\n" + "".join(traceback.format_list(_frames))
-                     + "".join(traceback.format_exception_only(type(_e), _e)))
-    sys.stderr.flush()
-    os._exit(1)
-'''
-
+logger = logging.getLogger(__name__)
 
 @dataclass
 class SandboxRun:
@@ -162,6 +101,7 @@ class SandboxRun:
     returncode: int | None
     timed_out: bool = False
     output_truncated: bool = False
+    pid: int | None = None  # of the process started (bwrap's, under the OS layer)
 
     @property
     def signal_name(self) -> str | None:
@@ -177,14 +117,31 @@ class SandboxRun:
 class _Launch:
     """How to start the interpreter, decided once per configuration by `_probe`."""
 
-    prefix: tuple[str, ...]  # e.g. ("unshare", "--net", "--")
+    prefix: tuple[str, ...]  # e.g. ("unshare", "--net", "--"); unused for bwrap
     drop_uid: int | None  # uid the code runs as when privileges are dropped
     drop_gid: int | None
     network_namespace: bool
     preexec_setuid: bool  # drop in preexec_fn (when unshare is not usable)
+    bwrap: str | None = None  # the OS layer: bubblewrap's path
+    seccomp: bool = False  # (bwrap) with the seccomp filter
+    preamble_drop: bool = False  # (bwrap as root) the preamble drops to drop_uid/drop_gid
+    user_namespace: bool = False  # (bwrap as another user) explicit user namespace
 
 
-_PROBE_CACHE: dict[tuple[Any, ...], _Launch] = {}
+@dataclass(frozen=True)
+class _Probed:
+    """The launch chosen, what the code observed under it, and why other layers are off."""
+
+    launch: _Launch
+    observed: dict[str, Any]
+    pid_namespace: bool
+    interpreter: str  # what is executed (the real interpreter under bwrap)
+    binds: tuple[str, ...]  # read-only paths bound under bwrap
+    notes: tuple[str, ...]  # reasons layers are inactive
+
+
+_PROBE_CACHE: dict[tuple[Any, ...], _Probed] = {}
+_CANARIES = ("/etc", "/home", "/root", "/var", "/opt", "/srv", "/mnt")
 
 
 def _limits_preexec(limits: tuple[tuple[int, int, int], ...], uid: int | None,
@@ -210,11 +167,15 @@ class PythonSandboxTool(Tool):
         timeout_s: wall-clock limit per call; the process group is killed after it.
         cpu_time_s: RLIMIT_CPU in seconds.
         memory_mb: RLIMIT_AS in MiB.
-        max_processes: RLIMIT_NPROC (effective only when not running as root).
+        max_processes: RLIMIT_NPROC (effective only when the code does not run as root).
         max_file_size_mb: RLIMIT_FSIZE in MiB.
         max_open_files: RLIMIT_NOFILE.
         max_output_bytes: cap on captured stdout and on stderr (each); more kills the run.
-        network_isolation: "auto" (use ``unshare --net`` if the probe works), "required"
+        os_sandbox: "auto" (bubblewrap when ``bwrap`` is installed and works), "required"
+            (raise if it does not), or "off" (in-process layers only).
+        seccomp: under bubblewrap, also install the seccomp filter (x86_64, aarch64).
+        read_paths: extra paths the code may read (bound read-only under bubblewrap).
+        network_isolation: "auto" (a network namespace if the probe works), "required"
             (raise if it does not), or "off".
         drop_privileges: when root, run the code as `sandbox_uid`/`sandbox_gid` if possible.
         audit_hook: install the audit hook (turn off only to test the other layers).
@@ -243,13 +204,16 @@ class PythonSandboxTool(Tool):
     def __init__(self, schema: dict[str, Any] | None = None, timeout_s: float = 10.0,
                  cpu_time_s: int = 5, memory_mb: int = 512, max_processes: int = 64,
                  max_file_size_mb: int = 16, max_open_files: int = 64,
-                 max_output_bytes: int = 16384, network_isolation: str = "auto",
+                 max_output_bytes: int = 16384, os_sandbox: str = "auto", seccomp: bool = True,
+                 read_paths: list[str] | None = None, network_isolation: str = "auto",
                  drop_privileges: bool = True, sandbox_uid: int = 65534, sandbox_gid: int = 65534,
                  audit_hook: bool = True, interpreter: str | None = None,
                  max_concurrency: int | None = None, scratch_root: str | None = None):
         super().__init__(schema)
         if network_isolation not in ("auto", "required", "off"):
             raise ValueError(f"network_isolation must be auto|required|off, got {network_isolation!r}")
+        if os_sandbox not in ("auto", "required", "off"):
+            raise ValueError(f"os_sandbox must be auto|required|off, got {os_sandbox!r}")
         self.timeout_s = float(timeout_s)
         self.cpu_time_s = int(cpu_time_s)
         self.memory_mb = int(memory_mb)
@@ -257,6 +221,9 @@ class PythonSandboxTool(Tool):
         self.max_file_size_mb = int(max_file_size_mb)
         self.max_open_files = int(max_open_files)
         self.max_output_bytes = int(max_output_bytes)
+        self.os_sandbox = os_sandbox
+        self.seccomp = bool(seccomp)
+        self.read_paths = tuple(os.path.realpath(p) for p in (read_paths or ()))
         self.network_isolation = network_isolation
         self.drop_privileges = bool(drop_privileges)
         self.sandbox_uid, self.sandbox_gid = int(sandbox_uid), int(sandbox_gid)
@@ -265,7 +232,7 @@ class PythonSandboxTool(Tool):
         self.scratch_root = scratch_root
         self._semaphore = PerLoopSemaphore(max_concurrency or os.cpu_count() or 1)
         self._probe_lock = PerLoopSemaphore(1)
-        self._launch: _Launch | None = None
+        self._probed: _Probed | None = None
 
     # -- the tool interface ---------------------------------------------------------------
     async def call(self, arguments: dict[str, Any], state: Any) -> ToolResult:
@@ -297,63 +264,125 @@ class PythonSandboxTool(Tool):
     # -- running --------------------------------------------------------------------------
     async def launch_config(self) -> _Launch:
         """Decide (once) how to start the interpreter: which isolation layers work here."""
-        if self._launch is None:
-            async with self._probe_lock.get():
-                if self._launch is None:
-                    self._launch = await self._probe()
-        return self._launch
+        return (await self._probe_once()).launch
 
-    async def _probe(self) -> _Launch:
-        key = (self.interpreter, self.network_isolation, self.drop_privileges,
-               self.sandbox_uid, self.sandbox_gid)
+    async def _probe_once(self) -> _Probed:
+        if self._probed is None:
+            async with self._probe_lock.get():
+                if self._probed is None:
+                    self._probed = await self._probe()
+        return self._probed
+
+    def _candidates(self, bwrap: str | None) -> list[_Launch]:
+        root = os.geteuid() == 0
+        uid, gid = self.sandbox_uid, self.sandbox_gid
+        drop = root and self.drop_privileges
+        net = self.network_isolation != "off"
+        out: list[_Launch] = []
+        if bwrap and self.os_sandbox != "off":
+            for sec in ([True, False] if self.seccomp and seccomp_filter() is not None else [False]):
+                if root:
+                    if drop:
+                        out.append(_Launch((), uid, gid, net, False, bwrap, sec, preamble_drop=True))
+                    out.append(_Launch((), None, None, net, False, bwrap, sec))
+                else:
+                    out.append(_Launch((), None, None, net, False, bwrap, sec, user_namespace=True))
+                    out.append(_Launch((), None, None, net, False, bwrap, sec))
+        if self.os_sandbox == "required":
+            return out
+        unshare = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin")
+        if unshare and net:
+            if root:
+                if drop:
+                    out.append(_Launch((unshare, "--net", "--setuid", str(uid), "--setgid", str(gid), "--"),
+                                       uid, gid, True, False))
+                out.append(_Launch((unshare, "--net", "--"), None, None, True, False))
+            else:
+                out.append(_Launch((unshare, "--user", "--map-current-user", "--net", "--"),
+                                   None, None, True, False))
+        if self.network_isolation != "required":
+            if drop:
+                out.append(_Launch((), uid, gid, False, True))
+            out.append(_Launch((), None, None, False, False))
+        return out
+
+    async def _probe(self) -> _Probed:
+        key = (self.interpreter, self.network_isolation, self.drop_privileges, self.sandbox_uid,
+               self.sandbox_gid, self.os_sandbox, self.seccomp, self.read_paths, self.audit_hook)
         if key in _PROBE_CACHE:
             return _PROBE_CACHE[key]
-        root = os.geteuid() == 0
-        unshare = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin")
-        uid, gid = self.sandbox_uid, self.sandbox_gid
-        candidates: list[_Launch] = []
-        if unshare and self.network_isolation != "off":
-            if root:
-                if self.drop_privileges:
-                    candidates.append(_Launch((unshare, "--net", "--setuid", str(uid),
-                                               "--setgid", str(gid), "--"), uid, gid, True, False))
-                candidates.append(_Launch((unshare, "--net", "--"), None, None, True, False))
-            else:
-                candidates.append(_Launch((unshare, "--user", "--map-current-user", "--net", "--"),
-                                          None, None, True, False))
-        if self.network_isolation != "required":
-            if root and self.drop_privileges:
-                candidates.append(_Launch((), uid, gid, False, True))
-            candidates.append(_Launch((), None, None, False, False))
-        chosen = None
-        for cand in candidates:
-            run = await self._spawn("print(1 + 1)", cand, timeout_s=10.0)
-            if run.returncode == 0 and run.stdout.strip() == "2":
-                chosen = cand
-                break
+        notes: list[str] = []
+        bwrap = find_bwrap() if self.os_sandbox != "off" else None
+        real, binds = self.interpreter, ()
+        if self.os_sandbox == "off":
+            notes.append("OS sandbox off by configuration (os_sandbox: off)")
+        elif bwrap is None:
+            notes.append("OS sandbox unavailable: bubblewrap (bwrap) is not installed")
+        else:
+            try:
+                real, bind_list, _ = await asyncio.to_thread(interpreter_files, self.interpreter)
+                binds = tuple(bind_list) + self.read_paths
+            except (OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
+                notes.append(f"OS sandbox unavailable: cannot ask {self.interpreter} for its files ({e})")
+                bwrap = None
+        # A host directory the sandbox must not see (not on the way to anything bound).
+        shown = (*binds, os.path.realpath(self.scratch_root or tempfile.gettempdir()))
+        canary = next((c for c in _CANARIES if os.path.isdir(c)
+                       and not any(b == c or b.startswith(c + "/") for b in shown)), None)
+        code = PROBE_CODE.replace("CANARY", repr(canary))
+        chosen: _Probed | None = None
+        failures: list[str] = []
+        for cand in self._candidates(bwrap):
+            interp = real if cand.bwrap else self.interpreter
+            run = await self._spawn(code, cand, timeout_s=10.0, interpreter=interp, binds=binds)
+            obs = _parse_probe(run)
+            if obs is None:
+                failures.append(_describe(cand) + ": " + (run.stderr.strip().splitlines() or ["no output"])[-1])
+                continue
+            if cand.drop_uid is not None and (obs["uid"], obs["gid"]) != (cand.drop_uid, cand.drop_gid):
+                failures.append(_describe(cand) + f": runs as uid {obs['uid']}")
+                continue
+            if cand.seccomp and obs["seccomp"] != "2":
+                failures.append(_describe(cand) + ": no seccomp filter in effect")
+                continue
+            chosen = _Probed(cand, obs, pid_namespace=obs["pid"] != run.pid, interpreter=interp,
+                             binds=binds if cand.bwrap else (), notes=tuple(notes + failures))
+            break
         if chosen is None:
             raise RuntimeError(
                 "python sandbox: no way to start the interpreter "
-                f"({self.interpreter}) with network_isolation={self.network_isolation!r}"
+                f"({self.interpreter}) with os_sandbox={self.os_sandbox!r}, "
+                f"network_isolation={self.network_isolation!r}: " + "; ".join(notes + failures)
             )
         _PROBE_CACHE[key] = chosen
+        self._log_layers(chosen)
         return chosen
 
+    def _log_layers(self, probed: _Probed) -> None:
+        caps = _capabilities(probed, self.audit_hook)
+        msg = (f"python sandbox ({self.interpreter}): active layers: {', '.join(caps['layers'])}"
+               + (f"; inactive: {'; '.join(probed.notes)}" if probed.notes else ""))
+        weak = (caps["os_sandbox"] is None and self.os_sandbox != "off") or (
+            os.geteuid() == 0 and self.drop_privileges and not caps["privileges_dropped"])
+        (logger.warning if weak else logger.info)(msg)
+
     async def capabilities(self) -> dict[str, Any]:
-        """Which layers are active in this process's environment (for logs and tests)."""
-        launch = await self.launch_config()
-        return {
-            "network_namespace": launch.network_namespace,
-            "privileges_dropped": launch.drop_uid is not None,
-            "audit_hook": self.audit_hook,
-            "nproc_limit_effective": launch.drop_uid is not None or os.geteuid() != 0,
-        }
+        """Which layers are active, as the code observed them at probe time (for logs and tests).
+
+        Keys: ``os_sandbox`` ("bwrap" or None), ``mount_namespace``, ``pid_namespace``,
+        ``network_namespace``, ``seccomp``, ``no_new_privs``, ``uid``/``gid`` (what the code
+        runs as), ``privileges_dropped`` (a root parent's code does not run as root),
+        ``nproc_limit_effective``, ``audit_hook``, ``read_confinement`` ("mount namespace",
+        "audit hook" or None), ``layers`` (readable list), ``notes`` (why others are off).
+        """
+        return _capabilities(await self._probe_once(), self.audit_hook)
 
     async def run(self, code: str) -> SandboxRun:
         """Execute `code` in the sandbox (see module docstring)."""
-        launch = await self.launch_config()
+        probed = await self._probe_once()
         async with self._semaphore.get():
-            return await self._spawn(code, launch, timeout_s=self.timeout_s)
+            return await self._spawn(code, probed.launch, timeout_s=self.timeout_s,
+                                     interpreter=probed.interpreter, binds=probed.binds)
 
     def _limits(self) -> tuple[tuple[int, int, int], ...]:
         mib = 1024 * 1024
@@ -366,16 +395,27 @@ class PythonSandboxTool(Tool):
             (resource.RLIMIT_CORE, 0, 0),
         )
 
-    async def _spawn(self, code: str, launch: _Launch, timeout_s: float) -> SandboxRun:
-        scratch = tempfile.mkdtemp(prefix="rljax-sandbox-", dir=self.scratch_root)
+    async def _spawn(self, code: str, launch: _Launch, timeout_s: float, interpreter: str,
+                     binds: tuple[str, ...] = ()) -> SandboxRun:
+        scratch = os.path.realpath(tempfile.mkdtemp(prefix="rljax-sandbox-", dir=self.scratch_root))
         proc: asyncio.subprocess.Process | None = None
+        seccomp_fd: int | None = None
         try:
             if launch.drop_uid is not None:
                 os.chown(scratch, launch.drop_uid, launch.drop_gid)
-            preamble = PREAMBLE
-            if not self.audit_hook:
-                preamble = preamble.replace("sys.addaudithook(hook)", "pass")
-            argv = [*launch.prefix, self.interpreter, "-I", "-S", "-B", "-c", preamble]
+            cfg = {"drop": [launch.drop_uid, launch.drop_gid] if launch.preamble_drop else None,
+                   "read": list(self.read_paths), "hook": self.audit_hook}
+            tail = [interpreter, "-I", "-S", "-B", "-c", PREAMBLE, json.dumps(cfg)]
+            if launch.bwrap:
+                if launch.seccomp:
+                    program = seccomp_filter()
+                    assert program is not None
+                    seccomp_fd = seccomp_pipe(program)
+                argv = bwrap_argv(launch.bwrap, scratch=scratch, binds=binds,
+                                  network=launch.network_namespace, seccomp_fd=seccomp_fd,
+                                  user_namespace=launch.user_namespace) + tail
+            else:
+                argv = [*launch.prefix, *tail]
             preexec = _limits_preexec(
                 self._limits(),
                 launch.drop_uid if launch.preexec_setuid else None,
@@ -387,12 +427,22 @@ class PythonSandboxTool(Tool):
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 cwd=scratch,
-                env={"PATH": "/usr/bin:/bin"},
+                env={"PATH": "/usr/bin:/bin", "TMPDIR": scratch},
                 start_new_session=True,
                 preexec_fn=preexec,
+                pass_fds=(seccomp_fd,) if seccomp_fd is not None else (),
             )
-            return await self._communicate(proc, code.encode("utf-8", "replace"), timeout_s)
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+                seccomp_fd = None
+            run = await self._communicate(proc, code.encode("utf-8", "replace"), timeout_s)
+            run.pid = proc.pid
+            if launch.bwrap and run.returncode is not None and 128 < run.returncode <= 128 + 64:
+                run.returncode = 128 - run.returncode  # bwrap reports a signal as 128 + its number
+            return run
         finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
             if proc is not None:
                 _kill_group(proc)  # also takes down anything the code left running in its group
                 if proc.returncode is None:
@@ -459,6 +509,62 @@ class PythonSandboxTool(Tool):
             timed_out=timed_out,
             output_truncated=truncated,
         )
+
+
+def _parse_probe(run: SandboxRun) -> dict[str, Any] | None:
+    if run.returncode != 0:
+        return None
+    try:
+        obs = json.loads(run.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return obs if isinstance(obs, dict) and "uid" in obs else None
+
+
+def _describe(launch: _Launch) -> str:
+    if launch.bwrap:
+        return "bwrap" + (" + seccomp" if launch.seccomp else "") + (
+            f" as uid {launch.drop_uid}" if launch.drop_uid is not None else "")
+    return " ".join(launch.prefix[:-1]) or ("setuid in preexec" if launch.preexec_setuid else "plain")
+
+
+def _capabilities(probed: _Probed, audit_hook: bool) -> dict[str, Any]:
+    launch, obs = probed.launch, probed.observed
+    mount_ns = bool(launch.bwrap) and not obs.get("canary_visible", True)
+    net_ns = launch.network_namespace and set(obs.get("nets", ["?"])) <= {"lo"}
+    seccomp = obs.get("seccomp") == "2"
+    uid, gid = int(obs["uid"]), int(obs["gid"])
+    dropped = os.geteuid() == 0 and uid != 0
+    layers = ["rlimits", "wall-clock kill of the process group"]
+    if launch.bwrap:
+        ns = [n for n, on in (("mount", mount_ns), ("pid", probed.pid_namespace), ("network", net_ns),
+                              ("ipc", True), ("uts", True)) if on]
+        layers.append("bwrap (" + ", ".join(ns) + " namespaces)")
+    elif net_ns:
+        layers.append("network namespace (unshare)")
+    if seccomp:
+        layers.append("seccomp filter")
+    if obs.get("no_new_privs") == "1":
+        layers.append("no_new_privs")
+    layers.append(f"uid {uid}" + (" (dropped from root)" if dropped else " (root)" if uid == 0 else ""))
+    if audit_hook:
+        layers.append("audit hook")
+    return {
+        "os_sandbox": "bwrap" if launch.bwrap else None,
+        "mount_namespace": mount_ns,
+        "pid_namespace": probed.pid_namespace,
+        "network_namespace": net_ns,
+        "seccomp": seccomp,
+        "no_new_privs": obs.get("no_new_privs") == "1",
+        "uid": uid,
+        "gid": gid,
+        "privileges_dropped": dropped,
+        "nproc_limit_effective": uid != 0,
+        "audit_hook": audit_hook,
+        "read_confinement": "mount namespace" if mount_ns else "audit hook" if audit_hook else None,
+        "layers": layers,
+        "notes": list(probed.notes),
+    }
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:

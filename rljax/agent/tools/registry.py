@@ -9,6 +9,10 @@ optionally gives the OpenAI function ``schema`` the model sees (built-ins have a
       - name: calculator
       - name: python
         options: {timeout_s: 5, memory_mb: 256}
+      - name: sandbox_fusion       # remote SandboxFusion server (verl's option names)
+        options: {sandbox_fusion_url: "http://localhost:8080"}
+        schema: {type: function, function: {name: run_code, description: Run code remotely.,
+                 parameters: {type: object, properties: {code: {type: string}}, required: [code]}}}
       - class: my_project.tools:WeatherTool
         schema:
           type: function
@@ -38,6 +42,7 @@ import yaml
 from rljax.agent.tools.base import Tool
 from rljax.agent.tools.calculator import CalculatorTool
 from rljax.agent.tools.python_sandbox import PythonSandboxTool
+from rljax.agent.tools.sandbox_fusion import SandboxFusionTool
 
 T = TypeVar("T", bound=type[Tool])
 TOOL_CLASSES: dict[str, type[Tool]] = {}
@@ -59,6 +64,7 @@ def register_tool(*names: str) -> Callable[[T], T]:
 
 register_tool("calculator")(CalculatorTool)
 register_tool("python", "code_interpreter")(PythonSandboxTool)
+register_tool("sandbox_fusion")(SandboxFusionTool)
 
 
 def import_object(path: str) -> Any:
