@@ -3,12 +3,20 @@
 Each subcommand lives in `rljax/commands/<name>.py` and defines `HELP`,
 `add_arguments(parser)` and `main(args) -> int | None`. Command modules keep
 heavy imports (jax, transformers) inside `main`, so `rljax --help` is instant.
+
+Errors: a known error (`is_known_error`: a bad config, data file, model or checkpoint
+folder, sampler setting, reward function...) prints as ``rljax: error: <message>`` on
+stderr, plus one line saying how to see the traceback, and exits 2 for a config error,
+1 otherwise. Anything else (a bug) keeps its traceback. ``--debug`` (before or after the
+subcommand) or ``RLJAX_DEBUG=1`` shows the traceback of every error.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import linecache
+import os
 import sys
 
 # name -> module under rljax.commands. Add a line here to add a subcommand.
@@ -22,24 +30,89 @@ COMMANDS: dict[str, str] = {
     "plot": "plot",
 }
 
+DEBUG_ENV = "RLJAX_DEBUG"
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# built-in exception types that rljax code raises on purpose, with a message for the user
+_RAISED_ON_PURPOSE = (ValueError, KeyError, RuntimeError, TypeError, OSError)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rljax", description="RL post-training for language models in JAX/Flax."
     )
+    parser.add_argument("--debug", action="store_true",
+                        help=f"show the full traceback of an error (or set {DEBUG_ENV}=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"rljax.commands.{module_name}")
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the full traceback of an error")
         p.set_defaults(_command_main=module.main)
     return parser
 
 
+def _raised_in_rljax(error: BaseException) -> bool:
+    """Whether `error` was raised by a `raise` statement in rljax's own code (its innermost
+    frame is in the package and on a line that starts with `raise`), not by Python or a
+    library failing inside it."""
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    if not filename.startswith(_PACKAGE_DIR + os.sep):
+        return False
+    return linecache.getline(filename, tb.tb_lineno).lstrip().startswith("raise")
+
+
+def is_known_error(error: BaseException) -> bool:
+    """An error that explains itself: a type rljax defines (`ConfigError`, `DataError`,
+    `ShardingError`, `CheckpointMismatchError`, `RewardFailureError`, ...), a missing or
+    unreadable file, or a built-in error rljax raised on purpose with a message."""
+    if type(error).__module__.split(".")[0] == "rljax":
+        return True
+    if isinstance(error, OSError) and error.filename is not None:
+        return True
+    return isinstance(error, _RAISED_ON_PURPOSE) and _raised_in_rljax(error)
+
+
+def error_message(error: BaseException) -> str:
+    """One line: the error's message (a KeyError's without the quotes), whitespace folded."""
+    if isinstance(error, KeyError) and len(error.args) == 1 and isinstance(error.args[0], str):
+        text = error.args[0]
+    elif isinstance(error, OSError) and error.filename is not None and error.strerror:
+        text = f"{error.strerror}: {error.filename}"
+    else:
+        text = str(error) or type(error).__name__
+    return " ".join(text.split())
+
+
+def _exit_code(error: BaseException) -> int:
+    from rljax.config import ConfigError
+
+    return 2 if isinstance(error, ConfigError) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args._command_main(args) or 0)
+    debug = args.debug or os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")
+    try:
+        return int(args._command_main(args) or 0)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("rljax: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if debug or not is_known_error(error):
+            raise
+        print(f"rljax: error: {error_message(error)}", file=sys.stderr)
+        print(f"rljax: (--debug or {DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
+        return _exit_code(error)
 
 
 if __name__ == "__main__":

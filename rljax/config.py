@@ -5,15 +5,32 @@
 An unknown or mistyped key is a `ConfigError` that names the full dotted key and suggests
 the closest valid one; a value of the wrong type names the key, the expected type and the
 value. `config_to_dict` gives back plain YAML-able data (saved with every run).
+
+Values are checked at load time too (`check_config`, run by `load_config`):
+
+- a numeric field annotated with `Bounds` (`lr: NonNegFloat`, `rollout.n: PositiveInt`, ...)
+  must lie in its range, and every float field must be finite;
+- a section may define `check(self)`, raising `FieldError(field, message)` (the walker adds
+  the section's dotted path) or a `ConfigError` whose message already names the full key,
+  for what one field's type cannot say: registry names, sizes that must divide, fields
+  that only make sense together.
+
+`validate(cfg, num_devices)` is `check_config` plus what needs the machine (the root
+config's `check_run(num_devices)`: mesh shape and batch sizes against the data-parallel
+size, the checkpoint to resume from). Trainers call it first, before building anything.
+
+A YAML section that sets only some of its keys keeps the defaults of the field it fills
+(RLConfig's `trainer.algorithm` is `grpo`, not TrainerConfig's `sft`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 
@@ -22,9 +39,58 @@ class ConfigError(ValueError):
     """A config file or override that does not fit the config schema."""
 
 
+class FieldError(ConfigError):
+    """Raised by a section's `check()` about one of its fields, named relative to the
+    section (`lr`, `policy_loss.loss_mode`); `check_config` prefixes the section's path."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """The range of a numeric config field, attached with `typing.Annotated`
+    (`Annotated[int, Bounds(ge=1)]`); checked by `check_config`, None values skipped."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def violation(self, value: float) -> str | None:
+        """What is wrong with `value` ("must be >= 1"), or None when it is in range."""
+        for bound, holds, text in ((self.ge, lambda b: value >= b, ">="), (self.gt, lambda b: value > b, ">"),
+                                   (self.le, lambda b: value <= b, "<="), (self.lt, lambda b: value < b, "<")):
+            if bound is not None and not holds(bound):
+                return f"must be {text} {bound:g}"
+        return None
+
+
+PositiveInt = Annotated[int, Bounds(ge=1)]
+NonNegInt = Annotated[int, Bounds(ge=0)]
+PositiveFloat = Annotated[float, Bounds(gt=0)]
+NonNegFloat = Annotated[float, Bounds(ge=0)]
+UnitFloat = Annotated[float, Bounds(ge=0, le=1)]  # a fraction or probability in [0, 1]
+OpenUnitFloat = Annotated[float, Bounds(gt=0, le=1)]  # (0, 1]
+
+
 def _suggest(key: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(valid))}"
+
+
+def check_name(name: str, valid, what: str = "", listing: str | None = None) -> str | None:
+    """The complaint about `name` when it is not in `valid` (a registry), with the closest
+    valid name and `listing` (default: "valid: " and every name); None when it is known.
+    For `FieldError` / `ConfigError`."""
+    if name in valid:
+        return None
+    names = sorted(valid)
+    close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {what + ' ' if what else ''}{name!r}{hint} ({listing or 'valid: ' + ', '.join(names)})"
 
 
 def _type_name(tp) -> str:
@@ -96,8 +162,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
-def from_dict(cls, data: dict, prefix: str = ""):
-    """Build dataclass `cls` from nested dicts, rejecting unknown keys."""
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def from_dict(cls, data: dict, prefix: str = "", base: Any = None):
+    """Build dataclass `cls` from nested dicts, rejecting unknown keys. Keys absent from
+    `data` take their value from `base` (an instance of `cls`) when given; a nested
+    section starts from its field's default (`RLConfig.trainer` is `TrainerConfig(algorithm="grpo")`)."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
@@ -105,11 +181,72 @@ def from_dict(cls, data: dict, prefix: str = ""):
         dotted = f"{prefix}.{key}" if prefix else key
         if key not in fields:
             raise ConfigError(f"unknown config key {dotted!r}{_suggest(key, list(fields))}")
-        kwargs[key] = _coerce(value, hints[key], dotted)
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+            default = getattr(base, key) if base is not None else _field_default(fields[key])
+            kwargs[key] = from_dict(tp, value, dotted, default if isinstance(default, tp) else None)
+        else:
+            kwargs[key] = _coerce(value, tp, dotted)
+    if base is not None:
+        for name in fields:
+            kwargs.setdefault(name, getattr(base, name))
     try:
         return cls(**kwargs)
     except TypeError as e:  # a required field without a value
         raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+
+
+def _check_value(value: Any, tp: Any, key: str) -> None:
+    """Bounds (from `Annotated`) and finiteness of one field's value."""
+    bounds = None
+    if get_origin(tp) is Annotated:
+        tp, *extras = get_args(tp)
+        bounds = next((e for e in extras if isinstance(e, Bounds)), None)
+    if get_origin(tp) in (Union, types.UnionType):
+        if value is None:
+            return
+        for option in get_args(tp):
+            if option is not type(None):
+                _check_value(value, option, key)
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: must be a finite number, got {value}")
+    if bounds is not None:
+        problem = bounds.violation(value)
+        if problem:
+            raise ConfigError(f"{key}: {problem}, got {value:g}")
+
+
+def check_config(cfg: Any, prefix: str = "") -> None:
+    """Check every field of the config tree `cfg` (see the module docstring); the first
+    problem is a `ConfigError` naming its full dotted key."""
+    hints = typing.get_type_hints(type(cfg), include_extras=True)
+    for f in dataclasses.fields(cfg):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            check_config(value, key)
+        else:
+            _check_value(value, hints[f.name], key)
+    check = getattr(cfg, "check", None)
+    if callable(check):
+        try:
+            check()
+        except FieldError as e:
+            raise ConfigError(f"{prefix}.{e}" if prefix else str(e)) from None
+
+
+def validate(cfg: Any, num_devices: int | None = None) -> None:
+    """`check_config(cfg)`, then the root's `check_run(num_devices)`: the checkpoint to
+    resume from and, given the device count, mesh shape and batch sizes against the
+    data-parallel size. Call it before building anything: every problem is a one-line
+    `ConfigError` naming the key."""
+    check_config(cfg)
+    check_run = getattr(cfg, "check_run", None)
+    if callable(check_run):
+        check_run(num_devices)
 
 
 def config_to_dict(cfg) -> dict:
@@ -148,19 +285,36 @@ def apply_overrides(raw: dict, overrides: list[str], cls) -> dict:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
         key, text = item.split("=", 1)
-        _set_dotted(raw, key.strip(), yaml.safe_load(text) if text else "", cls)
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({getattr(e, 'problem', e)})") from None
+        _set_dotted(raw, key.strip(), value, cls)
+    return raw
+
+
+def read_yaml(path: str) -> dict:
+    """The top-level mapping of a YAML config file; a syntax error is a one-line `ConfigError`."""
+    with open(path) as f:
+        try:
+            raw = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
     return raw
 
 
 def load_config(cls, path: str | None = None, overrides: list[str] | None = None):
-    raw: dict = {}
-    if path:
-        with open(path) as f:
-            raw = yaml.safe_load(f) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
+    """Read `path`, apply dotted `overrides`, build `cls` and check every value (`check_config`)."""
+    raw: dict = read_yaml(path) if path else {}
     raw = apply_overrides(raw, overrides or [], cls)
-    return from_dict(cls, raw)
+    cfg = from_dict(cls, raw)
+    check_config(cfg)
+    return cfg
 
 
 def save_config(cfg, path: str) -> None:

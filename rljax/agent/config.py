@@ -81,8 +81,8 @@ class AgentConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"agent.{name} must be >= 1 or null, got {value}")
-        if self.tool_timeout_s <= 0:
-            raise ValueError("agent.tool_timeout_s must be > 0")
+        if not 0 < self.tool_timeout_s < float("inf"):
+            raise ValueError(f"agent.tool_timeout_s must be a finite number > 0, got {self.tool_timeout_s}")
         if self.min_turn_tokens < 1:
             raise ValueError("agent.min_turn_tokens must be >= 1")
 

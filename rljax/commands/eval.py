@@ -24,14 +24,11 @@ def main(args) -> int:
     import json
     import os
 
-    from rljax.config import ConfigError, load_config
+    from rljax.config import load_config
     from rljax.rl.config import RLConfig
     from rljax.rl.evaluate import evaluate
 
-    try:
-        cfg = load_config(RLConfig, args.config, args.overrides)
-    except ConfigError as err:
-        raise SystemExit(f"config error: {err}") from None
+    cfg = load_config(RLConfig, args.config, args.overrides)  # a ConfigError is one line (rljax.cli)
     metrics = evaluate(cfg, checkpoint=args.checkpoint, work_dir=args.work_dir)
     width = max((len(k) for k in metrics), default=0)
     for key in sorted(metrics):

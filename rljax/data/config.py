@@ -4,6 +4,7 @@
 from dataclasses import dataclass, field
 from typing import Any
 
+from rljax.config import ConfigError
 from rljax.data.truncation import TRUNCATION_POLICIES
 
 FORMATS: tuple[str, ...] = ("sft", "preference", "rl")
@@ -75,6 +76,14 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.train_batch_size is not None:
             self.batch_size = self.train_batch_size
+
+    def check(self) -> None:
+        """`validate`, as the `ConfigError` that `rljax.config.check_config` expects (its
+        messages already name the full key, `data.<field>`)."""
+        try:
+            self.validate()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     def validate(self) -> None:
         """Raise `ValueError` naming the first invalid field."""

@@ -1,12 +1,16 @@
-"""A reward function loaded from a Python file, as verl's ``custom_reward_function``::
+"""A reward function loaded from a Python file, as verl's ``custom_reward_function``
+(in an RL config, under ``reward``)::
 
-    custom_reward_function:
-      path: /path/to/my_reward.py
-      name: compute_score          # default
-      reward_kwargs: {alpha: 0.5}  # optional, passed to every call
+    reward:
+      custom_reward_function:
+        path: /path/to/my_reward.py
+        name: compute_score          # default
+        reward_kwargs: {alpha: 0.5}  # optional, passed to every call as keyword arguments
 
 `FileRewardFn` holds the path, not the function, so it pickles to reward worker
-processes (spawn / forkserver), each of which imports the file once.
+processes (spawn / forkserver), each of which imports the file once. A custom function
+runs there in every ``reward.mode`` (it may hang or call ``os._exit``) unless
+``reward.trust_custom_reward: true`` runs it inline (`rljax.rewards.manager`).
 """
 
 from __future__ import annotations

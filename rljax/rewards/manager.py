@@ -5,12 +5,23 @@ decoded response), ``ground_truth`` and optional ``extra_info``. The reward func
 either the registry dispatcher (`default_compute_score`, the default), a custom function
 (`custom_reward_function` config, `FileRewardFn`) or any picklable callable.
 
-Containment: a function that raises, returns garbage (no ``score``, NaN) or — in
-``mode="process"`` — runs longer than `timeout_s` is scored `error_score` (0.0) and
-counted in ``reward/errors`` / ``reward/timeouts``; the run goes on, and so does the
-manager (a hung worker is killed and replaced; see `rljax.rewards.pool`).
-``mode="inline"`` scores in the calling process: faster, for trusted functions (the
-built-ins); exceptions are still contained, hangs are not.
+Containment: a function that raises (``sys.exit`` included), returns garbage (no
+``score``, NaN), runs longer than `timeout_s` or kills its process is scored `error_score`
+(0.0) and counted in ``reward/errors`` / ``reward/timeouts``; the run goes on, and so does
+the manager (a hung or dead worker is replaced; see `rljax.rewards.pool`).
+
+Where a function runs:
+
+* ``mode="process"``: every function in worker processes.
+* ``mode="inline"``: the built-in scorers (the registry dispatcher, trusted code) in the
+  calling process, faster; `timeout_s` is enforced there with ``SIGALRM``, which needs
+  the main thread (`score` refuses elsewhere rather than run without a timeout). A custom
+  function still runs in worker processes, since it may hang or call ``os._exit``, unless
+  ``trust_custom_reward=True`` runs it inline too.
+
+A reward that fails on every sample of `max_consecutive_failed_steps` batches in a row
+(one `score` call per RL step) is broken, not unlucky: `score` raises
+`RewardFailureError` naming the function instead of letting the run train on zeros.
 
 Worker processes start with ``forkserver`` (``spawn`` where unavailable), which imports the
 main module once: a training *script* must guard its entry point with
@@ -27,8 +38,8 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from rljax.rewards.custom import custom_reward_fn_from_config
-from rljax.rewards.pool import Outcome, ScoringPool, score_item
+from rljax.rewards.custom import FileRewardFn, custom_reward_fn_from_config
+from rljax.rewards.pool import Outcome, ScoringPool, can_alarm, score_item_inline
 from rljax.rewards.registry import REWARDS, UnknownDataSourceError, _ensure_builtins, default_compute_score
 from rljax.rewards.result import RewardResult, collect_extras, extra_metrics
 
@@ -36,6 +47,10 @@ logger = logging.getLogger("rljax.rewards")
 
 Mode = Literal["process", "inline"]
 REQUIRED_KEYS = ("data_source", "solution_str", "ground_truth")
+
+
+class RewardFailureError(RuntimeError):
+    """The reward function failed on every sample of several batches in a row."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +69,17 @@ class WithKwargs:
         return self.fn(**call_kwargs, **self.kwargs)
 
 
+def describe_reward_fn(fn: Callable[..., Any]) -> str:
+    """A reward function's name for messages: ``path:name`` for a file's function."""
+    if isinstance(fn, WithKwargs):
+        return describe_reward_fn(fn.fn)
+    if isinstance(fn, FileRewardFn):
+        return f"{fn.path}:{fn.name}"
+    if fn is default_compute_score:
+        return "the built-in scorer (default_compute_score)"
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
 class RewardManager:
     """Scores batches: ``manager(batch) -> RewardResult``. Close it (or use ``with``) to
     stop its worker processes."""
@@ -68,9 +94,18 @@ class RewardManager:
         timeout_s: float = 10.0,
         error_score: float = 0.0,
         mp_context: str | None = None,
+        trust_custom_reward: bool = False,
+        max_consecutive_failed_steps: int = 3,
     ):
         if mode not in ("process", "inline"):
             raise ValueError(f"reward mode must be 'process' or 'inline', got {mode!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"reward timeout_s must be > 0, got {timeout_s}")
+        if max_consecutive_failed_steps < 0:
+            raise ValueError(f"reward max_consecutive_failed_steps must be >= 0, got {max_consecutive_failed_steps}")
+        if trust_custom_reward and mode != "inline":
+            raise ValueError("reward trust_custom_reward: only with mode='inline' (in 'process' mode every "
+                             "function runs in worker processes)")
         self.uses_registry = compute_score is None
         fn: Callable[..., Any] = default_compute_score if compute_score is None else compute_score
         if reward_kwargs:
@@ -78,9 +113,16 @@ class RewardManager:
         self.fn = fn
         self.mode = mode
         self.error_score = float(error_score)
-        self.timeout_s = timeout_s
+        self.timeout_s = float(timeout_s)
+        self.max_consecutive_failed_steps = int(max_consecutive_failed_steps)
+        self._failed_batches = 0  # consecutive score() calls where every sample failed
+        # inline mode runs only trusted code in this process: the built-ins, or a custom function on request
+        self.inline = mode == "inline" and (self.uses_registry or trust_custom_reward)
         self._pool: ScoringPool | None = None
-        if mode == "process":
+        if not self.inline:
+            if mode == "inline":
+                logger.info("reward.mode=inline: the custom reward function %s runs in worker processes "
+                            "(reward.trust_custom_reward=true runs it inline)", describe_reward_fn(fn))
             workers = num_workers or max(1, min(8, (os.cpu_count() or 2) - 1))
             self._pool = ScoringPool(fn, num_workers=workers, timeout_s=timeout_s, mp_context=mp_context)
 
@@ -89,10 +131,12 @@ class RewardManager:
         cls, config: Mapping[str, Any] | None = None, custom_reward_function: Mapping[str, Any] | None = None
     ) -> "RewardManager":
         """From a ``reward`` config block (keys: ``mode``, ``num_workers``, ``timeout_s``,
-        ``error_score``, ``mp_context``, ``reward_kwargs``) and verl's
-        ``custom_reward_function`` block (``path``, ``name``, ``reward_kwargs``)."""
+        ``error_score``, ``mp_context``, ``reward_kwargs``, ``trust_custom_reward``,
+        ``max_consecutive_failed_steps``) and verl's ``custom_reward_function`` block
+        (``path``, ``name``, ``reward_kwargs``)."""
         config = dict(config or {})
-        allowed = {"mode", "num_workers", "timeout_s", "error_score", "mp_context", "reward_kwargs"}
+        allowed = {"mode", "num_workers", "timeout_s", "error_score", "mp_context", "reward_kwargs",
+                   "trust_custom_reward", "max_consecutive_failed_steps"}
         unknown = set(config) - allowed
         if unknown:
             raise ValueError(f"reward config: unknown key(s) {sorted(unknown)}; expected {sorted(allowed)}")
@@ -105,15 +149,37 @@ class RewardManager:
         return self.score(batch)
 
     def score(self, batch: Sequence[Mapping[str, Any]]) -> RewardResult:
-        """Scores, extra fields and metrics of `batch` (see `RewardResult`)."""
+        """Scores, extra fields and metrics of `batch` (see `RewardResult`). Raises
+        `RewardFailureError` when every sample has failed in `max_consecutive_failed_steps`
+        consecutive calls."""
         self._check(batch)
-        if self.mode == "process":
+        if not self.inline:
             if self._pool is None:
                 raise RuntimeError("the reward manager is closed")
             outcomes = self._pool.map(batch)
         else:
-            outcomes = [score_item(self.fn, item) for item in batch]
-        return self._result(outcomes)
+            if not can_alarm():
+                raise RuntimeError(
+                    f"reward.mode=inline cannot enforce reward.timeout_s={self.timeout_s:g} here: the in-process "
+                    "timeout uses SIGALRM, which needs the main thread of a POSIX process; score from the main "
+                    "thread or use reward.mode=process")
+            outcomes = [score_item_inline(self.fn, item, self.timeout_s) for item in batch]
+        result = self._result(outcomes)
+        self._count_failures(batch, result)
+        return result
+
+    def _count_failures(self, batch: Sequence[Mapping[str, Any]], result: RewardResult) -> None:
+        if not batch:
+            return
+        self._failed_batches = self._failed_batches + 1 if len(result.errors) == len(batch) else 0
+        limit = self.max_consecutive_failed_steps
+        if limit and self._failed_batches >= limit:
+            first = result.errors[min(result.errors)]
+            sources = ", ".join(sorted({str(item["data_source"]) for item in batch}))
+            raise RewardFailureError(
+                f"reward function {describe_reward_fn(self.fn)} failed on every sample of {self._failed_batches} "
+                f"consecutive batches (data_source {sources}; last error: {first}); fix it, or raise "
+                "reward.max_consecutive_failed_steps (0: never stop)")
 
     def _check(self, batch: Sequence[Mapping[str, Any]]) -> None:
         for i, item in enumerate(batch):

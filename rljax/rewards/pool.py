@@ -15,8 +15,16 @@ a `concurrent.futures.ProcessPoolExecutor` (``forkserver`` context where availab
   items are rerun one at a time in a fresh pool, so only the item that kills a worker on
   its own is an error.
 
+`score_item_inline` is the in-process counterpart (``RewardManager(mode="inline")`` for
+trusted functions): the same containment of exceptions (``sys.exit`` included), and
+`timeout_s` enforced with ``SIGALRM`` on the main thread. What it cannot stop: a call that
+holds the GIL in C code past the deadline (it is interrupted when it returns to Python),
+``os._exit``, or a function that catches ``BaseException`` around its own hang.
+
 A (re)started pool initialises all its workers (imports the reward function's module)
-before it takes items, so import time never counts toward an item's timeout.
+before it takes items, so import time never counts toward an item's timeout. Workers exit
+when the process that owns the pool dies (even by SIGKILL: they watch a pipe whose only
+writer is the owner), so a killed trainer leaves no orphans holding its stdout.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import collections
 import multiprocessing
 import os
 import pickle
+import signal
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -48,7 +58,8 @@ class Outcome:
 
 
 def score_item(fn: Callable[..., Any], item: Mapping[str, Any]) -> Outcome:
-    """Call `fn` with verl's keyword arguments; exceptions become an error `Outcome`."""
+    """Call `fn` with verl's keyword arguments; exceptions (and ``sys.exit``) become an
+    error `Outcome`."""
     try:
         result = fn(
             data_source=item["data_source"],
@@ -58,8 +69,52 @@ def score_item(fn: Callable[..., Any], item: Mapping[str, Any]) -> Outcome:
         )
         score, extras = read_score(result)
         return Outcome("ok", score, extras)
-    except Exception as e:  # noqa: BLE001 — containment is the point
+    except (Exception, SystemExit) as e:  # noqa: BLE001 — containment is the point
         return Outcome("error", message=f"{type(e).__name__}: {e}"[:MAX_MESSAGE_CHARS])
+
+
+class _InlineTimeout(BaseException):
+    """Raised into a reward function by the alarm; not an `Exception`, so that the
+    function's own ``except Exception`` does not swallow it."""
+
+
+ALARM_REPEAT_S = 0.05  # the alarm repeats until the call is out: one swallowed raise is not enough
+
+
+def can_alarm() -> bool:
+    """Whether `score_item_inline` can enforce a timeout here (POSIX, main thread)."""
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+def score_item_inline(fn: Callable[..., Any], item: Mapping[str, Any], timeout_s: float) -> Outcome:
+    """`score_item` in this process, interrupted after `timeout_s` seconds (a *timeout*
+    `Outcome`) by ``SIGALRM``; only on the main thread (`can_alarm`). The previous
+    ``SIGALRM`` handler and interval timer are restored afterwards."""
+    if not can_alarm():
+        raise RuntimeError("a reward timeout is enforced in-process with SIGALRM, which needs the main thread "
+                           "of a POSIX process")
+    armed = True
+
+    def on_alarm(signum, frame):
+        if armed:
+            raise _InlineTimeout
+
+    previous_handler = signal.signal(signal.SIGALRM, on_alarm)
+    previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s, ALARM_REPEAT_S)
+    start = time.monotonic()
+    try:
+        try:
+            return score_item(fn, item)
+        finally:
+            armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _InlineTimeout:
+        return Outcome("timeout", message=f"no result within timeout_s={timeout_s:g} (interrupted in-process)")
+    finally:
+        signal.signal(signal.SIGALRM, previous_handler if previous_handler is not None else signal.SIG_DFL)
+        if previous_delay > 0:
+            left = max(previous_delay - (time.monotonic() - start), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, left, previous_interval)
 
 
 # ---- worker side -----------------------------------------------------------------------
@@ -68,8 +123,19 @@ _WORKER_FN: Callable[..., Any] | None = None
 _BARRIER: Any = None
 
 
-def _init_worker(fn_bytes: bytes, barrier: Any) -> None:
+def _exit_with_owner(alive: Any) -> None:
+    """Block until the pool's owner is gone (EOF on `alive`: its only writer died or
+    closed it), then end this worker at once."""
+    try:
+        alive.recv_bytes()
+    except (EOFError, OSError):
+        pass
+    os._exit(0)
+
+
+def _init_worker(fn_bytes: bytes, barrier: Any, alive: Any) -> None:
     global _WORKER_FN, _BARRIER
+    threading.Thread(target=_exit_with_owner, args=(alive,), daemon=True, name="reward-owner-watch").start()
     _WORKER_FN = pickle.loads(fn_bytes)
     _BARRIER = barrier
     load = getattr(_WORKER_FN, "load", None)  # e.g. FileRewardFn: import its file now
@@ -119,7 +185,7 @@ class ScoringPool:
             raise TypeError(
                 f"the reward function {fn!r} cannot be pickled to worker processes ({type(e).__name__}: {e}); "
                 "use a module-level function, a FileRewardFn (custom_reward_function.path), "
-                "or RewardManager(mode='inline')"
+                "or RewardManager(mode='inline', trust_custom_reward=True)"
             ) from e
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s)
@@ -128,6 +194,8 @@ class ScoringPool:
             raise ValueError("mp_context='fork' is unsafe with JAX's threads; use 'forkserver' or 'spawn'")
         self._context = multiprocessing.get_context(self.context_name)
         self.startup_timeout_s = startup_timeout_s
+        # workers hold the reading end; only this process writes (never): its death is their EOF
+        self._alive_r, self._alive_w = self._context.Pipe(duplex=False)
         self._executor: ProcessPoolExecutor | None = None
         self.restarts = 0  # pools replaced after a timeout or a dead worker
         self._start()
@@ -139,7 +207,7 @@ class ScoringPool:
             max_workers=self.num_workers,
             mp_context=self._context,
             initializer=_init_worker,
-            initargs=(self._fn_bytes, self._context.Barrier(self.num_workers)),
+            initargs=(self._fn_bytes, self._context.Barrier(self.num_workers), self._alive_r),
         )
         try:
             # Start and initialise every worker now, so that no item's clock runs while
@@ -179,6 +247,8 @@ class ScoringPool:
         executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
+            self._alive_w.close()  # any worker still around exits
+            self._alive_r.close()
 
     def __enter__(self) -> "ScoringPool":
         return self

@@ -29,9 +29,11 @@ def make_sampler(cfg: RLConfig, decoder) -> Sampler:
 
 
 def make_reward_manager(cfg: RLConfig) -> RewardManager:
-    custom = cfg.reward.custom_reward_function
+    r = cfg.reward
+    custom = r.custom_reward_function
     return RewardManager.from_config(
-        {"mode": cfg.reward.mode, "num_workers": cfg.reward.num_workers, "timeout_s": cfg.reward.timeout_s},
+        {"mode": r.mode, "num_workers": r.num_workers, "timeout_s": r.timeout_s,
+         "trust_custom_reward": r.trust_custom_reward, "max_consecutive_failed_steps": r.max_consecutive_failed_steps},
         dataclasses.asdict(custom) if custom.path else None)
 
 

@@ -14,19 +14,29 @@ from typing import Callable
 
 import optax
 
+from rljax.config import FieldError, NonNegFloat, NonNegInt, PositiveFloat, UnitFloat, check_name
+
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-5
-    weight_decay: float = 0.01
+    lr: NonNegFloat = 1e-5
+    weight_decay: NonNegFloat = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
+    eps: PositiveFloat = 1e-8
     grad_clip: float = 1.0  # global-norm clipping; <= 0 disables
     lr_scheduler_type: str = "constant"  # constant | cosine | wsd
-    warmup_steps: int = 0
-    warmup_steps_ratio: float = 0.0  # used when warmup_steps is 0
-    min_lr_ratio: float = 0.0
-    decay_ratio: float = 0.1  # wsd only
+    warmup_steps: NonNegInt = 0
+    warmup_steps_ratio: UnitFloat = 0.0  # used when warmup_steps is 0
+    min_lr_ratio: UnitFloat = 0.0
+    decay_ratio: UnitFloat = 0.1  # wsd only
+
+    def check(self) -> None:
+        """Run by `rljax.config.check_config` (errors are prefixed with this section's key)."""
+        problem = check_name(self.lr_scheduler_type, SCHEDULES)
+        if problem:
+            raise FieldError("lr_scheduler_type", problem)
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise FieldError("betas", f"two numbers in [0, 1), got {list(self.betas)}")
 
 
 def _warmup_steps(config: OptimConfig, total_steps: int) -> int:

@@ -265,7 +265,8 @@ class Judge:
         return out
 
 
-def test_verifier_verdict_is_the_reward(tok, caplog):
+def test_verifier_verdict_is_the_reward(tok, caplog, monkeypatch):
+    monkeypatch.setattr("rljax.rewards.registry._WARNED_UNSCORED", set())  # a fresh process's state
     prompts = {"prompt_ids": [[5, 6], [7]], "data_source": ["my/judged_only"] * 2, "ground_truth": ["12", "5"],
                "extra_info": [{"question": "5+7="}, {}], "raw_prompt": [[{"role": "user", "content": "5+7="}],
                                                                           [{"role": "user", "content": "2+3="}]]}
@@ -332,7 +333,7 @@ def test_grpo_step_rewards_are_reward_model_scores(tmp_path, rm_dirs, tok):
         trainer.model_rewards.close()
         trainer.model_rewards = build_model_rewards(judge_cfg, trainer.tokenizer, policy,
                                                     lambda: trainer.actor.state.params, trainer.mesh)
-        judged = trainer.generate_round(next(trainer.train_data), sampling_params(cfg, seed=1), 0)
+        judged = trainer.generate_round(next(trainer.train_data), sampling_params(cfg, step=1), 0)
     finally:
         trainer.close()
 
