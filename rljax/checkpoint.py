@@ -5,20 +5,94 @@ are asynchronous (training goes on while the previous step is written).
 Layout: `<run_dir>/checkpoints/<step>/{state,data,meta}`. A step directory appears only
 once orbax has finished writing it, so a run killed mid-save resumes from the previous
 complete one.
+
+Failures name the checkpoint, in one line (`CheckpointError`):
+
+* a save that fails (disk full, ...) raises at that save (or, when asynchronous, at the
+  next save or when the run ends), saying which step was lost and that the previous one
+  is intact; its partial `<step>.orbax-checkpoint-tmp*` directory is removed at the next
+  start;
+* `resume` restores the newest checkpoint that reads back; a damaged one (a missing or
+  truncated file) is named, set aside as `<step>.damaged` and the previous one used
+  (`trainer.resume_fallback`), or the run stops with that line;
+* `close_after` ends a run that stopped on an exception or Ctrl-C: the save in flight
+  is finished (a second Ctrl-C abandons it) and one line says which checkpoint a rerun
+  resumes from.
+
+Orbax logs the tracebacks of its background threads' failures; here their one-line
+messages stay and the tracebacks go (the `CheckpointError` carries the cause).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+TMP_MARK = ".orbax-checkpoint-tmp"
+
+
+class RunError(RuntimeError):
+    """An error that stops a run, whose one-line message already says where its
+    checkpoints stand (no further notice is printed)."""
+
+
+class CheckpointError(RunError):
+    """A checkpoint that cannot be written or read back; the message names it."""
+
 
 def abstract_like(tree):
     """ShapeDtypeStructs carrying each array's sharding: the restore target."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+class _NoOrbaxTracebacks(logging.Filter):
+    """Keep orbax's error lines, drop the tracebacks attached to them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and f"{os.sep}orbax{os.sep}" in (record.pathname or ""):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def _quiet_orbax_tracebacks() -> None:
+    logger = logging.getLogger("absl")
+    if not any(isinstance(f, _NoOrbaxTracebacks) for f in logger.filters):
+        logger.addFilter(_NoOrbaxTracebacks())
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _cause(error: BaseException) -> str:
+    """The innermost OS error of an exception chain (`[Errno 28] No space left on
+    device`), else the exception itself, in one short line."""
+    seen, e = set(), error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno is not None:
+            return f"[Errno {e.errno}] {e.strerror or os.strerror(e.errno)}"
+        e = e.__cause__ or e.__context__
+    return _one_line(f"{type(error).__name__}: {error}")
+
+
+def finalized_steps(directory: str) -> list[int]:
+    """Steps whose directory orbax has finished (renamed from its temporary name)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
 
 
 class Checkpointer:
@@ -27,17 +101,40 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
         )
+        _quiet_orbax_tracebacks()
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._pending: int | None = None  # step of the last save, until it is known complete
+        self._failed = False
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def _save_error(self, step: int | None, error: BaseException) -> CheckpointError:
+        """The one-line error of a save that failed: which step, why, which is intact."""
+        if self._pending is not None and not os.path.isdir(self.path(self._pending)):
+            step = self._pending  # an asynchronous save that failed in the background
+        self._failed, self._pending = True, None
+        earlier = [s for s in finalized_steps(self.directory) if step is None or s < step]
+        cause = _cause(error)
+        kept = (f"the previous checkpoint, {self.path(earlier[-1])}, is intact" if earlier
+                else "no earlier checkpoint exists")
+        fix = "free space" if "[Errno 28]" in cause else "fix the cause"
+        return CheckpointError(f"checkpoint {step} could not be written to {self.directory} ({cause}); {kept}: "
+                               f"{fix} and rerun the same command to resume")
 
     def save(self, step: int, state, data_state: dict, meta: dict) -> None:
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                data=ocp.args.JsonSave(data_state),
-                meta=ocp.args.JsonSave(meta),
-            ),
-        )
+        try:
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state),
+                    data=ocp.args.JsonSave(data_state),
+                    meta=ocp.args.JsonSave(meta),
+                ),
+            )
+        except Exception as e:
+            raise self._save_error(step, e) from e
+        self._pending = step
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -59,11 +156,71 @@ class Checkpointer:
         return restored.state, restored.data, restored.meta
 
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        """Block until the save in flight is written; a failed one raises CheckpointError."""
+        if self._failed:
+            return
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            raise self._save_error(None, e) from e
+        self._pending = None
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Finish the save in flight and release orbax. A Ctrl-C while waiting abandons
+        the save (its partial directory is removed at the next start)."""
+        try:
+            self.wait()
+        except KeyboardInterrupt:
+            raise  # closing orbax would wait for the save again
+        except BaseException:
+            self._close_manager()
+            raise
+        self._close_manager()
+
+    def _close_manager(self) -> None:
+        try:
+            self._manager.close()
+        except Exception:
+            if not self._failed:  # after a failed save, orbax raises that failure again here
+                raise
+
+
+def _interrupted_save_note(checkpointer: Checkpointer) -> str:
+    pending = checkpointer._pending
+    return (f"; the save of checkpoint {pending} was abandoned (its partial directory is removed at the next start)"
+            if pending is not None and not os.path.isdir(checkpointer.path(pending)) else "")
+
+
+def close_after(checkpointer: Checkpointer, error: BaseException | None, step: int) -> None:
+    """Close `checkpointer` at the end of a run, finishing the save in flight.
+
+    `error`: the exception (or KeyboardInterrupt) that ended the run, None if it
+    finished. After one, a second Ctrl-C while waiting abandons the save, a failing save
+    does not hide the first error, and process 0 prints one line: where the run stopped
+    and which checkpoint the same command resumes from. Without one, a failed save
+    raises its CheckpointError."""
+    abandoned = ""
+    save_failure = None
+    try:
+        checkpointer.close()
+    except KeyboardInterrupt:
+        if error is None:
+            raise
+        abandoned = _interrupted_save_note(checkpointer)
+    except CheckpointError as e:
+        if error is None:
+            raise
+        save_failure = e
+    if error is None or isinstance(error, RunError) or jax.process_index() != 0:
+        return
+    how = "interrupted" if isinstance(error, KeyboardInterrupt) else f"stopped by {type(error).__name__}"
+    if save_failure is not None:
+        where = str(save_failure)
+    else:
+        done = finalized_steps(checkpointer.directory)
+        where = (f"checkpoint {checkpointer.path(done[-1])} is complete: rerun the same command to resume from it"
+                 if done else "no checkpoint was written: a rerun starts over")
+    print(f"{how} at step {step}: {where}{abandoned}", file=sys.stderr, flush=True)
 
 
 def restore_params(directory: str, step: int, abstract_params: nnx.State, at: tuple[str, ...]) -> nnx.State:
@@ -110,7 +267,7 @@ def resume_source(mode: str, own: Checkpointer) -> tuple[Checkpointer, int] | No
     """Where `trainer.resume_mode` says a run starts from, for every kind of run:
     `disable` -> None; `auto` -> the run's own latest checkpoint (None if it has none);
     a path (a run dir, its `checkpoints` dir or one step dir) -> that checkpoint, which
-    must exist."""
+    must exist. (`resume` restores it, skipping a damaged one.)"""
     if mode == "disable":
         return None
     if mode == "auto":
@@ -122,3 +279,147 @@ def resume_source(mode: str, own: Checkpointer) -> tuple[Checkpointer, int] | No
     if step is None:
         raise FileNotFoundError(f"trainer.resume_mode={mode!r}: no checkpoint there")
     return source, step
+
+
+@dataclass
+class Resumed:
+    """A restored checkpoint: `state` in the target's shardings, the data iterator's state,
+    the run metadata, and where it came from."""
+
+    state: Any
+    data_state: dict
+    meta: dict
+    directory: str
+    step: int
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.directory, str(self.step))
+
+
+_DAMAGE_MARKS = ("OUT_OF_RANGE", "DATA_LOSS", "NOT_FOUND", "Unexpected end", "truncated", "corrupt", "No such file")
+
+
+def _damage(path: str, error: BaseException) -> tuple[str, bool]:
+    """(what is wrong with the checkpoint at `path`, whether it is surely damaged): a
+    missing part, a truncated JSON file, an array file that reads short; otherwise the
+    innermost read error (which may as well be a config that no longer matches)."""
+    for rel in ("state", "data", "meta", "state/_METADATA", "data/metadata", "meta/metadata"):
+        if not os.path.exists(os.path.join(path, rel)):
+            return f"{rel} missing", True
+    for rel in ("state/_METADATA", "data/metadata", "meta/metadata", "_CHECKPOINT_METADATA"):
+        if os.path.exists(os.path.join(path, rel)):
+            try:
+                with open(os.path.join(path, rel)) as f:
+                    json.load(f)
+            except (ValueError, UnicodeDecodeError):
+                return f"{rel} truncated or not JSON", True
+    seen, inner = set(), error  # the innermost error: tensorstore's "Error reading <array> ...", not orbax's wrapper
+    while (inner.__cause__ or inner.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        inner = inner.__cause__ or inner.__context__
+    text = f"{type(inner).__name__}: {inner}"
+    surely = isinstance(inner, (FileNotFoundError, EOFError)) or any(m in text for m in _DAMAGE_MARKS)
+    return ("unreadable: " if surely else "") + _one_line(text, 240), surely
+
+
+def _describe(path: str, damage: tuple[str, bool]) -> str:
+    reason, surely = damage
+    return f"checkpoint {path} is damaged ({reason})" if surely else f"checkpoint {path} cannot be restored ({reason})"
+
+
+def _set_aside(directory: str, step: int) -> str:
+    """Rename a damaged step directory to `<step>.damaged[-k]` (orbax no longer sees a
+    step there, so the resumed run can write that step again); -> the new path."""
+    base = os.path.join(directory, f"{step}.damaged")
+    target, k = base, 1
+    while os.path.exists(target):
+        target, k = f"{base}-{k}", k + 1
+    os.rename(os.path.join(directory, str(step)), target)
+    return target
+
+
+def _remove_partial_saves(directory: str) -> None:
+    """Remove the `<step>.orbax-checkpoint-tmp*` directories of saves an earlier attempt
+    of this run did not finish (killed, disk full, a second Ctrl-C)."""
+    if jax.process_index() != 0 or not os.path.isdir(directory):
+        return
+    for name in os.listdir(directory):
+        if re.fullmatch(r"\d+" + re.escape(TMP_MARK) + r".*", name):
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+def _report_fallback(source: Checkpointer, own: Checkpointer, failed: list, step: int) -> None:
+    """The newer checkpoints in `failed` did not restore but `step` did: set them aside
+    (in the run's own directory) and say so in one line."""
+    if not failed:
+        return
+    moved = []
+    if source is own and jax.process_index() == 0:
+        moved = [_set_aside(own.directory, bad) for bad, _ in failed]
+    if source is own:
+        own._manager.reload()
+    if jax.process_index() == 0:
+        what = "; ".join(_describe(source.path(bad), damage) for bad, damage in failed)
+        aside = f"; set aside as {', '.join(moved)}" if moved else ""
+        print(f"{what}; resuming from the previous one, {source.path(step)}{aside}", file=sys.stderr, flush=True)
+
+
+def resume(mode: str, own: Checkpointer, abstract_state, fallback: bool = True) -> Resumed | None:
+    """Restore where `trainer.resume_mode` says a run starts from (see `resume_source`);
+    None to start from scratch. Both kinds of run (supervised, RL) resume through here.
+
+    The newest checkpoint that reads back wins. One that does not (a missing or
+    truncated file, missing metadata) is named in one line; with `fallback`
+    (trainer.resume_fallback) the earlier ones are tried and, once one restores, the
+    newer ones are set aside as `<step>.damaged` in the run's own directory (so the run
+    can write those steps again). Without `fallback`, when the path names one step, or
+    when no checkpoint restores (then nothing is moved: a changed config, more likely),
+    a `CheckpointError` names the checkpoint and why. Partial saves an earlier attempt
+    left (`<step>.orbax-checkpoint-tmp*`) are removed first."""
+    if mode == "disable":
+        return None
+    _remove_partial_saves(own.directory)
+    if mode == "auto":
+        source, steps, named = own, sorted(own.all_steps(), reverse=True), False
+        if not steps:
+            return None
+    else:
+        directory, step = resolve_checkpoint(mode)
+        source = own if directory == own.directory else Checkpointer(directory, max_to_keep=None, async_save=False)
+        named = step is not None
+        steps = [step] if named else sorted(source.all_steps(), reverse=True)
+        if not steps:
+            raise FileNotFoundError(f"trainer.resume_mode={mode!r}: no checkpoint there")
+    failed: list[tuple[int, tuple[str, bool]]] = []  # newer checkpoints that did not restore
+    try:
+        for step in steps:
+            try:
+                state, data_state, meta = source.restore(step, abstract_state)
+                if not isinstance(meta, dict) or meta.get("step", step) != step or not isinstance(data_state, dict):
+                    raise ValueError(f"meta/metadata does not describe step {step}")
+            except Exception as e:
+                failed.append((step, _damage(source.path(step), e)))
+                first = _describe(source.path(step), failed[-1][1])
+                if named:
+                    raise CheckpointError(f"{first}; trainer.resume_mode names this checkpoint: name another step "
+                                          "or run directory") from None
+                if not fallback:
+                    older = [s for s in steps if s < step]
+                    instead = (f"set it true to resume from the previous checkpoint, {source.path(older[0])}, or "
+                               "remove this one" if older else "remove it to start over")
+                    raise CheckpointError(f"{first}; trainer.resume_fallback=false: {instead}") from None
+                continue
+            _report_fallback(source, own, failed, step)
+            return Resumed(state, data_state, meta, source.directory, step)
+        latest = _describe(source.path(failed[0][0]), failed[0][1])
+        if len(failed) == 1:
+            raise CheckpointError(f"{latest} and no earlier checkpoint exists: remove it (or set "
+                                  "trainer.resume_mode=disable) to start over")
+        mismatch = "" if any(surely for _, (_, surely) in failed) else (
+            " (do the model, optimizer or trainer settings differ from the run that wrote them?)")
+        raise CheckpointError(f"{latest}; none of the {len(failed) - 1} earlier checkpoints restores either"
+                              f"{mismatch}; nothing was moved")
+    finally:
+        if source is not own:
+            source.close()

@@ -44,7 +44,33 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
+def _drop_after(path: str, step: int) -> None:
+    """Rewrite metrics.jsonl keeping the lines of steps 1..`step` (and step 0's
+    validation, when `step` > 0); a line that does not parse (a write cut short) goes too."""
+    kept = []
+    with open(path) as f:
+        for line in f:
+            try:
+                logged = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if step > 0 and logged <= step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+
+
 class Tracker:
+    """Writes each step's metrics to the enabled loggers. Files open at the first `log`.
+
+    A run that continues from a checkpoint calls `start_at(step)` first: what an earlier
+    attempt logged after that step is dropped (those steps run again), so `metrics.jsonl`
+    holds each step once and TensorBoard purges the replayed points; `start_at(0)` (a
+    run that starts over) drops the whole earlier history. Without `start_at` the files
+    are appended to."""
+
     def __init__(self, run_dir: str, loggers: list[str], total_steps: int):
         unknown = set(loggers) - {"console", "tensorboard", "jsonl"}
         if unknown:
@@ -52,20 +78,40 @@ class Tracker:
         self.enabled = jax.process_index() == 0
         self.loggers = set(loggers)
         self.total_steps = total_steps
+        self.run_dir = run_dir
         self._first: tuple[int, float] | None = None  # (step, time) of the first console line
+        self._start: int | None = None  # set by start_at
+        self._opened = False
         self._tb = None
         self._jsonl = None
+        if self.enabled:
+            os.makedirs(run_dir, exist_ok=True)
+
+    def start_at(self, step: int) -> None:
+        """The run continues after `step` (0: from scratch); call before the first `log`."""
+        if self._opened:
+            raise RuntimeError("Tracker.start_at: called after the first log")
+        self._start = int(step)
+
+    def _open(self) -> None:
+        self._opened = True
         if not self.enabled:
             return
-        os.makedirs(run_dir, exist_ok=True)
         if "tensorboard" in self.loggers:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+            # TensorBoard discards earlier events at steps >= purge_step
+            purge = None if self._start is None else self._start + 1 if self._start else 0
+            self._tb = SummaryWriter(os.path.join(self.run_dir, "tensorboard"), purge_step=purge)
         if "jsonl" in self.loggers:
-            self._jsonl = open(os.path.join(run_dir, "metrics.jsonl"), "a")
+            path = os.path.join(self.run_dir, "metrics.jsonl")
+            if self._start is not None and os.path.exists(path):
+                _drop_after(path, self._start)
+            self._jsonl = open(path, "a")
 
     def log(self, step: int, metrics: dict) -> None:
+        if not self._opened:
+            self._open()
         if not self.enabled:
             return
         clean = {k: float(v) for k, v in metrics.items()}

@@ -1,6 +1,13 @@
-"""`rljax export RUN_DIR_OR_CHECKPOINT --out HF_DIR [--step N] [--dtype bfloat16]`."""
+"""`rljax export RUN_DIR_OR_CHECKPOINT --out HF_DIR [--step N] [--dtype bfloat16] [--overwrite]`.
+
+`--out` must be a new or empty folder: exporting replaces config.json, the tokenizer
+files and every `model*.safetensors` there, so a folder that holds files (a base model,
+say) is refused unless `--overwrite` says to replace them.
+"""
 
 from __future__ import annotations
+
+import os
 
 HELP = "Write a checkpoint of a run as a Hugging Face folder (weights, config, tokenizer)."
 
@@ -11,11 +18,25 @@ def add_arguments(parser) -> None:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     parser.add_argument("--dtype", default=None, help="weights dtype (default: the training param dtype)")
     parser.add_argument("--max-shard-size", default="5GB")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into --out even if it holds files (its model files are replaced and deleted)")
+
+
+def check_out(out: str, overwrite: bool) -> None:
+    """Refuse an --out that is a file, or a folder that holds files, unless `overwrite`."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise SystemExit(f"rljax export: --out {out} is a file, not a folder")
+    held = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    if held and not overwrite:
+        shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        raise SystemExit(f"rljax export: --out {out} is not empty ({shown}); exporting there would replace and "
+                         "delete its model files: choose a new folder, or pass --overwrite")
 
 
 def main(args) -> int:
     from rljax.train.export import export_checkpoint
 
+    check_out(args.out, args.overwrite)
     path = export_checkpoint(args.checkpoint, args.out, step=args.step, dtype=args.dtype,
                              max_shard_size=args.max_shard_size)
     print(f"wrote {path}")

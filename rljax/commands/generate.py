@@ -52,14 +52,31 @@ def _encode(tokenizer, prompt: str, system: str | None, raw: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def _check_length(path: str, prompts: list[list[int]], max_tokens: int) -> None:
+    """Prompt + --max-tokens must fit in the model's max_position_embeddings: past it the
+    rotary positions are ones the model never saw and the output is noise."""
+    from rljax.models.hf import read_config
+
+    limit = read_config(path).max_position_embeddings
+    longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+    length = len(prompts[longest])
+    if length + max_tokens > limit:
+        raise SystemExit(
+            f"rljax generate: prompt {longest} has {length} tokens + --max-tokens {max_tokens} = "
+            f"{length + max_tokens} > max_position_embeddings={limit} of {os.path.join(path, 'config.json')}; "
+            f"lower --max-tokens (at most {max(limit - length, 0)}) or shorten the prompt"
+        )
+
+
 def main(args) -> int:
     from rljax.data.tokenizer import load_hf_tokenizer
     from rljax.models import load_hf
     from rljax.rollout import KVCacheConfig, Sampler, SamplerConfig, SamplingParams
 
     tokenizer = load_hf_tokenizer(args.model)
-    model = load_hf(args.model, dtype=args.dtype)
     prompts = [_encode(tokenizer, p, args.system, args.raw) for p in args.prompt]
+    _check_length(args.model, prompts, args.max_tokens)
+    model = load_hf(args.model, dtype=args.dtype)
     stop = set(_generation_eos(args.model))
     if tokenizer.eos_token_id is not None:
         stop.add(int(tokenizer.eos_token_id))

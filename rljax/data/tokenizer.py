@@ -24,6 +24,9 @@ independently of the ones after it, so the template is prefix-stable (see `chat.
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import string
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -83,6 +86,21 @@ def char_vocab() -> dict[str, int]:
 
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
+# Files a tokenizer is built from (one of them must be in the folder): the `tokenizers`
+# serialization, a BPE vocabulary (+ merges.txt), a sentencepiece model, a WordPiece
+# vocabulary, mistral's tekken.json; `*.tiktoken` files count too.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model", "tekken.json")
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def _missing_files_error(path: str, files: list[str]) -> FileNotFoundError:
+    held = ", ".join(sorted(files)[:12]) + (" ..." if len(files) > 12 else "") if files else "nothing"
+    return FileNotFoundError(
+        f"{path}: no tokenizer files (tokenizer.json, or vocab.json + merges.txt, or tokenizer.model); "
+        f"the folder holds {held}"
+    )
+
 
 def load_hf_tokenizer(path: str):
     """The tokenizer saved in a folder, as it was saved.
@@ -94,19 +112,46 @@ def load_hf_tokenizer(path: str):
     whose own pre-tokenizer silently changes the ids (the char tokenizer's newline is
     dropped). Such a folder is loaded with `PreTrainedTokenizerFast`, from its
     tokenizer.json as is.
-    """
-    import json
-    import os
 
+    A missing folder, a folder without tokenizer files (transformers would build a
+    tokenizer of one or two special tokens that encodes every text as nothing), a broken
+    tokenizer_config.json or a tokenizer with no vocabulary raise an error naming the
+    folder or file. A name of the form `org/name` that is no folder is passed on to
+    transformers (a hub id in the local cache).
+    """
     from transformers import AutoTokenizer
 
+    if not os.path.isdir(path):
+        if os.path.exists(path) or not _HUB_ID.fullmatch(path):
+            raise FileNotFoundError(f"{path}: no such tokenizer folder")
+        try:
+            return AutoTokenizer.from_pretrained(path)
+        except OSError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise FileNotFoundError(f"{path}: not a folder, and no hub tokenizer of that name ({first})") from None
+    files = os.listdir(path)
+    if not any(f in files for f in TOKENIZER_FILES) and not any(f.endswith(".tiktoken") for f in files):
+        raise _missing_files_error(path, files)
     config_path = os.path.join(path, "tokenizer_config.json")
+    declared = None
     if os.path.isfile(config_path):
-        with open(config_path) as fh:
-            declared = json.load(fh).get("tokenizer_class")
-        if declared in GENERIC_TOKENIZER_CLASSES:
-            return PreTrainedTokenizerFast.from_pretrained(path)
-    return AutoTokenizer.from_pretrained(path)
+        try:
+            with open(config_path) as fh:
+                declared = json.load(fh).get("tokenizer_class")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            raise ValueError(f"{config_path}: not a valid tokenizer config ({e})") from None
+    if declared in GENERIC_TOKENIZER_CLASSES and "tokenizer.json" not in files:
+        raise FileNotFoundError(f"{os.path.join(path, 'tokenizer.json')}: missing ({config_path} names "
+                                f"{declared}, which is built from it)")
+    if declared in GENERIC_TOKENIZER_CLASSES:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    if len(tokenizer) <= max(len(set(tokenizer.all_special_ids)), 1):
+        raise _missing_files_error(path, files) if "tokenizer.json" not in files else ValueError(
+            f"{os.path.join(path, 'tokenizer.json')}: the tokenizer has {len(tokenizer)} tokens, all special: "
+            "no vocabulary (a broken or truncated file?)")
+    return tokenizer
 
 
 def build_char_tokenizer(model_max_length: int = 1 << 20) -> PreTrainedTokenizerFast:

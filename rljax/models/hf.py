@@ -193,9 +193,13 @@ class SafetensorsReader:
 
         index = os.path.join(path, "model.safetensors.index.json")
         single = os.path.join(path, "model.safetensors")
+        self.path = path
         if os.path.exists(index):
-            with open(index) as f:
-                files = json.load(f)["weight_map"]
+            try:
+                with open(index) as f:
+                    files = json.load(f)["weight_map"]
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+                raise CheckpointMismatchError(f"{index}: not a safetensors index ({type(e).__name__}: {e})") from None
         elif os.path.exists(single):
             files = None
         else:
@@ -203,23 +207,43 @@ class SafetensorsReader:
         self._handles = {}
         self.file_of: dict[str, str] = {}
         for fname in sorted(set(files.values())) if files else ["model.safetensors"]:
-            handle = safe_open(os.path.join(path, fname), framework="numpy")
+            file = os.path.join(path, fname)
+            if not os.path.exists(file):
+                raise FileNotFoundError(f"{file}: missing (listed in {index})")
+            try:
+                handle = safe_open(file, framework="numpy")
+                keys = list(handle.keys())
+            except Exception as e:  # safetensors' errors do not name the file
+                raise CheckpointMismatchError(_unreadable(file, e)) from None
             self._handles[fname] = handle
-            for key in handle.keys():
+            for key in keys:
                 self.file_of[key] = fname
+
+    def _read(self, name: str, read):
+        fname = self.file_of[name]
+        try:
+            return read(self._handles[fname])
+        except Exception as e:
+            raise CheckpointMismatchError(_unreadable(os.path.join(self.path, fname), e, name)) from None
 
     def names(self) -> set[str]:
         return set(self.file_of)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._handles[self.file_of[name]].get_slice(name).get_shape())
+        return self._read(name, lambda h: tuple(h.get_slice(name).get_shape()))
 
     def get(self, name: str) -> np.ndarray:
-        return self._handles[self.file_of[name]].get_tensor(name)
+        return self._read(name, lambda h: h.get_tensor(name))
 
     def get_slice(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
         """`tensor[index]` read from disk without reading the rest of the tensor."""
-        return self._handles[self.file_of[name]].get_slice(name)[index]
+        return self._read(name, lambda h: h.get_slice(name)[index])
+
+
+def _unreadable(file: str, error: Exception, tensor: str | None = None) -> str:
+    detail = " ".join(str(error).split()) or type(error).__name__
+    what = f"tensor {tensor} unreadable" if tensor else "not a readable safetensors file"
+    return f"{file}: {what} (truncated or damaged? {detail})"
 
 
 def _read_hf_config(path: str) -> tuple[str, dict]:

@@ -29,8 +29,9 @@ from rljax.algos.kl import FULL_KL, apply_kl_to_rewards, get_kl_controller, kl_f
 from rljax.algos.logprobs import log_probs_from_hidden
 from rljax.algos.registry import get_adv_estimator_fn
 from rljax.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
-from rljax.checkpoint import Checkpointer, abstract_like, resume_source
+from rljax.checkpoint import Checkpointer, abstract_like, close_after, resume
 from rljax.config import config_to_dict, save_config
+from rljax.config import validate as validate_config  # (`validate` is the RL validation)
 from rljax.data import make_dataset
 from rljax.data.synthetic_spec import materialize
 from rljax.models.heads import ScalarHeadModel
@@ -46,6 +47,7 @@ from rljax.rl.rollout import ScoredRollout, dynamic_sampling, sampling_params
 from rljax.rl.warmup import run_warmup_sft
 from rljax.tracking import Tracker
 from rljax.train.optim import OptimConfig, make_optimizer
+from rljax.train.loop import SkipGuard
 from rljax.train.setup import build_decoder, init_sharded_train_state, load_tokenizer, peak_flops, place
 from rljax.train.steps import TrainState, make_train_step
 
@@ -178,6 +180,7 @@ class RLTrainer:
     """Holds the run's pieces; `step()` runs one RL iteration, `fit()` the whole run."""
 
     def __init__(self, cfg: RLConfig):
+        validate_config(cfg, jax.device_count())  # every config problem, as one line, before any work
         self.run_dir = os.path.join(cfg.trainer.default_local_dir, cfg.trainer.experiment_name)
         os.makedirs(self.run_dir, exist_ok=True)
         data_dir = os.path.join(self.run_dir, "data")
@@ -348,9 +351,17 @@ class RLTrainer:
             if self.critic is not None:
                 with timer("update_critic"):
                     metrics.update(self.critic.update(batch, self.mesh, rng))
+            skipped_before = int(jax.device_get(self.actor.state.skipped_steps))
             with timer("update_actor"):
                 metrics.update(self.actor.update(batch, self.mesh, rng, self.reference))
+            # updates skipped as non-finite keep the old weights; too many in a row stop the run
+            skipped = int(jax.device_get(self.actor.state.skipped_steps)) - skipped_before
+            attempted = self.actor.epochs * -(-batch["input_ids"].shape[0] // self.actor.mini_batch_rows)
+            self._skip_guard().count(self.step_count + 1, skipped, attempted, metrics)
             with timer("update_weights"):
+                if skipped < attempted:  # the sampler never runs on non-finite weights
+                    self._skip_guard().check_params(self.step_count + 1, self.actor.state.params,
+                                                    "the sampler keeps the previous weights", "actor parameters")
                 self.sampler.update_params(self.actor.state.params)
         self.step_count += 1
         metrics.update(batch_metrics(batch, rollout.samples))
@@ -367,6 +378,13 @@ class RLTrainer:
             flops = tokens * self.actor_flops_per_token(seq) * self.cfg.actor.ppo_epochs
             metrics["perf/mfu"] = flops / metrics["timing_s/update_actor"] / self.flops_peak
         return metrics
+
+    def _skip_guard(self) -> SkipGuard:
+        guard = getattr(self, "_skips", None)
+        if guard is None:
+            guard = self._skips = SkipGuard(self.cfg.trainer.max_consecutive_skipped_steps, "actor.optim.lr",
+                                            self.cfg.actor.optim.lr, self.checkpointer)
+        return guard
 
     def actor_flops_per_token(self, seq_len: int) -> float:
         return nnx.merge(self.actor.graphdef, self.actor.state.params).config.flops_per_token(seq_len)
@@ -386,34 +404,34 @@ class RLTrainer:
         self.checkpointer.save(self.step_count, state, self.train_data.get_state(), meta)
 
     def _maybe_resume(self) -> int:
-        found = resume_source(self.cfg.trainer.resume_mode, self.checkpointer)
-        if found is None:
-            return 0
-        source, step = found
         target: dict[str, Any] = {"actor": abstract_like(self.actor.state)}
         if self.critic is not None:
             target["critic"] = abstract_like(self.critic.state)
-        state, data_state, meta = source.restore(step, target)
-        if source is not self.checkpointer:
-            source.close()
-        self.actor.state = state["actor"]
+        found = resume(self.cfg.trainer.resume_mode, self.checkpointer, target, self.cfg.trainer.resume_fallback)
+        step = 0 if found is None else found.step
+        self.tracker.start_at(step)  # metrics an earlier attempt logged after the checkpoint are dropped
+        if found is None:
+            return 0
+        self.actor.state = found.state["actor"]
         if self.critic is not None:
-            self.critic.state = state["critic"]
-        self.kl_ctrl = dataclasses.replace(self.kl_ctrl, value=meta["kl_coef"])
-        self.train_data.set_state(data_state)
+            self.critic.state = found.state["critic"]
+        self.kl_ctrl = dataclasses.replace(self.kl_ctrl, value=found.meta["kl_coef"])
+        self.train_data.set_state(found.data_state)
         if jax.process_index() == 0:
-            print(f"resumed from {source.directory}/{step}", flush=True)
+            print(f"resumed from {found.path}", flush=True)
         return int(step)
 
     def fit(self) -> list[dict[str, float]]:
         cfg = self.cfg.trainer
         history = []
+        error = None
         try:
             if self.step_count == 0 and self.cfg.data.val_files:
                 val = self.validate()
                 self.tracker.log(0, val)
                 history.append({"step": 0, **val})
             while self.step_count < cfg.total_steps:
+                self._at = self.step_count + 1  # the step a stop message names
                 metrics = self.step()
                 step = self.step_count
                 if self.cfg.data.val_files and (step == cfg.total_steps or (cfg.test_freq and step % cfg.test_freq == 0)):
@@ -424,17 +442,29 @@ class RLTrainer:
                 history.append({"step": step, **metrics})
                 if step == cfg.total_steps or (cfg.save_freq and step % cfg.save_freq == 0):
                     self.save()
+        except BaseException as e:  # Ctrl-C included: the save in flight is finished, one line says where we are
+            error = e
+            raise
         finally:
-            self.close()
+            self.close(error)
         return history
 
-    def close(self) -> None:
-        self.checkpointer.close()
-        self.tracker.close()
-        self.sampler.close()
-        self.rewards.close()
+    def close(self, error: BaseException | None = None) -> None:
+        """Finish the save in flight and release the sampler, reward workers and model
+        rewards; every one is closed even if another fails. `error`: what ended the run
+        (see `rljax.checkpoint.close_after`)."""
+        closers = [lambda: close_after(self.checkpointer, error, getattr(self, "_at", self.step_count)),
+                   self.tracker.close, self.sampler.close, self.rewards.close]
         if self.model_rewards is not None:
-            self.model_rewards.close()
+            closers.append(self.model_rewards.close)
+        first = None
+        for close in closers:
+            try:
+                close()
+            except BaseException as e:  # noqa: PERF203
+                first = first or e
+        if first is not None and error is None:
+            raise first
 
 
 def train_rl(cfg: RLConfig) -> list[dict[str, float]]:
