@@ -221,6 +221,7 @@ def close_after(checkpointer: Checkpointer, error: BaseException | None, step: i
         where = (f"checkpoint {checkpointer.path(done[-1])} is complete: rerun the same command to resume from it"
                  if done else "no checkpoint was written: a rerun starts over")
     print(f"{how} at step {step}: {where}{abandoned}", file=sys.stderr, flush=True)
+    error.rljax_reported = True  # the CLI prints nothing more for it
 
 
 def restore_params(directory: str, step: int, abstract_params: nnx.State, at: tuple[str, ...]) -> nnx.State:

@@ -102,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")
     try:
         return int(args._command_main(args) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         if debug:
             raise
-        print("rljax: interrupted", file=sys.stderr)
+        if not getattr(interrupt, "rljax_reported", False):  # a run already said where it stopped
+            print("rljax: interrupted", file=sys.stderr)
         return 130
     except Exception as error:
         if debug or not is_known_error(error):

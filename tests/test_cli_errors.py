@@ -156,3 +156,24 @@ def test_console_script_exit_status_and_stderr():
     assert proc.stderr.strip().splitlines()[0] == "rljax: error: rollout.n: must be >= 1, got 0"
     assert len(proc.stderr.strip().splitlines()) <= 2 and "Traceback" not in proc.stderr
     assert time.monotonic() - start < 60
+
+
+def test_ctrl_c_is_one_line(capsys, monkeypatch):
+    """A run that already said where it stopped (`checkpoint.close_after`) is not followed
+    by a second line; an interrupt from elsewhere gets `rljax: interrupted`. Exit 130."""
+    import rljax.rl.trainer
+
+    monkeypatch.delenv("RLJAX_DEBUG", raising=False)
+    for reported in (True, False):
+        def interrupted(cfg, reported=reported):
+            error = KeyboardInterrupt()
+            if reported:
+                print("interrupted at step 4: checkpoint .../2 is complete", file=sys.stderr)
+                error.rljax_reported = True
+            raise error
+
+        monkeypatch.setattr(rljax.rl.trainer, "train_rl", interrupted)
+        code, err = run_cli(capsys, "train", QUICKSTART)
+        assert code == 130
+        assert err.splitlines() == (["interrupted at step 4: checkpoint .../2 is complete"] if reported
+                                    else ["rljax: interrupted"])
