@@ -187,10 +187,6 @@ class RLTrainer:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(
             cfg.data, format="rl", train_files=materialize(cfg.data.train_files, data_dir, "train"),
             val_files=materialize(cfg.data.val_files, data_dir, "val")))
-        fg = cfg.algorithm.filter_groups
-        if fg.enable and fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
-            raise ValueError("algorithm.filter_groups.metric=seq_final_reward: groups are filtered before the "
-                             "KL-in-reward penalty exists; use seq_reward (the score) or turn use_kl_in_reward off")
         self.mesh = make_mesh(cfg.mesh)
         self.tokenizer = load_tokenizer(cfg.model)
         if jax.process_index() == 0:
@@ -247,6 +243,8 @@ class RLTrainer:
         self.tracker = Tracker(self.run_dir, cfg.trainer.logger, cfg.trainer.total_steps)
         self.flops_peak = peak_flops(cfg.trainer.peak_flops_per_device) * jax.device_count()
         self.step_count = self._maybe_resume()
+        self.skips = SkipGuard(cfg.trainer.max_consecutive_skipped_steps, "actor.optim.lr", a.optim.lr,
+                               self.checkpointer, int(jax.device_get(self.actor.state.skipped_steps)))
         self.sampler.update_params(self.actor.state.params)
 
     # ---- one iteration -----------------------------------------------------------------
@@ -351,17 +349,16 @@ class RLTrainer:
             if self.critic is not None:
                 with timer("update_critic"):
                     metrics.update(self.critic.update(batch, self.mesh, rng))
-            skipped_before = int(jax.device_get(self.actor.state.skipped_steps))
             with timer("update_actor"):
                 metrics.update(self.actor.update(batch, self.mesh, rng, self.reference))
             # updates skipped as non-finite keep the old weights; too many in a row stop the run
-            skipped = int(jax.device_get(self.actor.state.skipped_steps)) - skipped_before
             attempted = self.actor.epochs * -(-batch["input_ids"].shape[0] // self.actor.mini_batch_rows)
-            self._skip_guard().count(self.step_count + 1, skipped, attempted, metrics)
+            skipped = self.skips.check_total(self.step_count + 1, int(jax.device_get(self.actor.state.skipped_steps)),
+                                             attempted, metrics)
             with timer("update_weights"):
                 if skipped < attempted:  # the sampler never runs on non-finite weights
-                    self._skip_guard().check_params(self.step_count + 1, self.actor.state.params,
-                                                    "the sampler keeps the previous weights", "actor parameters")
+                    self.skips.check_params(self.step_count + 1, self.actor.state.params,
+                                            "the sampler keeps the previous weights", "actor parameters")
                 self.sampler.update_params(self.actor.state.params)
         self.step_count += 1
         metrics.update(batch_metrics(batch, rollout.samples))
@@ -378,13 +375,6 @@ class RLTrainer:
             flops = tokens * self.actor_flops_per_token(seq) * self.cfg.actor.ppo_epochs
             metrics["perf/mfu"] = flops / metrics["timing_s/update_actor"] / self.flops_peak
         return metrics
-
-    def _skip_guard(self) -> SkipGuard:
-        guard = getattr(self, "_skips", None)
-        if guard is None:
-            guard = self._skips = SkipGuard(self.cfg.trainer.max_consecutive_skipped_steps, "actor.optim.lr",
-                                            self.cfg.actor.optim.lr, self.checkpointer)
-        return guard
 
     def actor_flops_per_token(self, seq_len: int) -> float:
         return nnx.merge(self.actor.graphdef, self.actor.state.params).config.flops_per_token(seq_len)

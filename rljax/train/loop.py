@@ -242,9 +242,14 @@ class SkipGuard:
 
     def check(self, step: int, metrics: dict) -> None:
         """A supervised step's host metrics (`train/skipped_steps` is the running total)."""
-        total = int(metrics.get("train/skipped_steps", self.skipped_total))
+        self.check_total(step, int(metrics.get("train/skipped_steps", self.skipped_total)), 1, metrics)
+
+    def check_total(self, step: int, total: int, attempted: int, metrics: dict | None = None) -> int:
+        """`count` from the state's running total of skipped updates; returns how many of
+        this step's `attempted` updates were skipped."""
         skipped, self.skipped_total = total - self.skipped_total, total
-        self.count(step, skipped, 1, metrics)
+        self.count(step, skipped, attempted, metrics)
+        return skipped
 
     def check_params(self, step: int, params, consequence: str, what: str = "parameters") -> None:
         """Raise if `params` hold a non-finite value (an update with finite loss and
