@@ -1,0 +1,59 @@
+"""Host data shared by every process of a multi-process run, and device arrays built from it.
+
+The RL loop follows one SPMD rule (docs/design.md): whatever feeds a program that spans
+several processes is computed from data every process holds. Three moves make that cheap:
+
+- `allgather_objects(x)`: every process contributes a picklable value and receives all of
+  them, in process order (rollout results of the local replicas, reward scores of the
+  local share). Two small collectives: the byte lengths, then the padded bytes.
+- `global_array(host, sharding)`: a global `jax.Array` from a numpy array that every
+  process holds in full (the RL batch): each process fills only its own shards.
+- `fetch(x)`: the full value of a global array as numpy on every process (log-probs and
+  values computed over the global mesh), without touching non-addressable devices.
+
+With one process each is a plain local operation.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def _allgather(x: np.ndarray) -> np.ndarray:
+    """`[processes, *x.shape]`: `x` from every process (x has the same shape everywhere)."""
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x))
+
+
+def allgather_objects(value: Any) -> list[Any]:
+    """`[value of process 0, value of process 1, ...]` on every process."""
+    if jax.process_count() == 1:
+        return [value]
+    data = np.frombuffer(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    lengths = _allgather(np.asarray([data.size], np.int64)).reshape(-1)  # [processes]
+    padded = np.zeros(int(lengths.max()), np.uint8)
+    padded[: data.size] = data
+    gathered = _allgather(padded)  # [processes, longest]
+    return [pickle.loads(gathered[i, : int(n)].tobytes()) for i, n in enumerate(lengths)]
+
+
+def global_array(host: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+    """A global array equal to `host`, which every process holds in full and identically;
+    each process copies only the slices of its addressable shards."""
+    host = np.asarray(host)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def fetch(x: jax.Array) -> np.ndarray:
+    """The whole of `x` as numpy, on every process (an allgather when `x` has shards on
+    other processes' devices; a device-to-host copy otherwise)."""
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
