@@ -10,7 +10,8 @@ Entry points::
 
 Modules: `sources` (files -> rows), `chat` (messages -> tokens + assistant mask,
 token-in-token-out), `sft` / `preference` / `rl` (row -> example), `truncation`,
-`batching` (examples -> bucketed batches), `pipeline` (grain wiring, state),
+`batching` (examples -> bucketed batches), `formats` (the registry of formats: transform,
+collate, length, packing per ``data.format``), `pipeline` (grain wiring, state),
 `tokenizer` (our char tokenizer), `synthetic` (arithmetic / string tasks), `errors`.
 Batch keys and dtypes are documented in `rljax.data.batching`.
 """
@@ -19,6 +20,7 @@ from rljax.data.batching import RL_KEYS, pick_bucket
 from rljax.data.chat import ChatRenderer, RenderedConversation, normalize_messages, normalize_tools
 from rljax.data.config import FORMATS, DataConfig
 from rljax.data.errors import DataError, FormatError
+from rljax.data.formats import DataFormat, format_names, get_format
 from rljax.data.pipeline import BatchIterator, check_dataset, make_dataset, pad_token_id
 from rljax.data.sources import RecordSource, Row, open_source
 from rljax.data.tokenizer import build_char_tokenizer
@@ -28,6 +30,7 @@ __all__ = [
     "ChatRenderer",
     "DataConfig",
     "DataError",
+    "DataFormat",
     "FORMATS",
     "FormatError",
     "RL_KEYS",
@@ -36,6 +39,8 @@ __all__ = [
     "Row",
     "build_char_tokenizer",
     "check_dataset",
+    "format_names",
+    "get_format",
     "make_dataset",
     "normalize_messages",
     "normalize_tools",

@@ -10,10 +10,12 @@ Order of operations (train split)::
       [p::P]                  process p takes every P-th row of the global order, so the
                               P per-process batches of one step together are rows
                               [k*B, (k+1)*B) of the global order (disjoint, covering)
-      .map(transform)         tokenize (format-specific, see sft/preference/rl.py)
+      .map(transform)         tokenize (the format's transform, see formats.py)
       .to_iter_dataset()      optional reader threads
-      [first-fit packing]     sft with packing=True: rows of max_length, b bins
-      .batch(b, drop_remainder=True, batch_fn=collate)   b = batch_size // P
+      [first-fit packing]     packing=True (formats with a `Packing`: sft): rows of
+                              max_length, b bins
+      .batch(b, drop_remainder=True, batch_fn=collate)   b = batch_size // P; the
+                              format's collate (its packed collate when packing)
 
 The val split is read once, in file order, without shuffle or packing; it is padded with
 empty rows up to a multiple of ``b * P`` so every process yields the same number of full
@@ -27,21 +29,18 @@ exactly the batches that would have come next, across epoch boundaries and with 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import functools
+from typing import Any
 
 import grain
 
-from rljax.data.batching import collate_packed, collate_preference, collate_rl, collate_sft
+from rljax.data.batching import BatchLayout
 from rljax.data.config import DataConfig
 from rljax.data.errors import DataError
-from rljax.data.preference import PreferenceTransform
-from rljax.data.rl import RLTransform
-from rljax.data.sft import SFTTransform
+from rljax.data.formats import get_format
 from rljax.data.sources import PaddedSource, RecordSource, open_source
 
 STATE_VERSION = 1
-
-_TRANSFORMS = {"sft": SFTTransform, "preference": PreferenceTransform, "rl": RLTransform}
 
 
 def pad_token_id(tokenizer: Any) -> int:
@@ -50,11 +49,6 @@ def pad_token_id(tokenizer: Any) -> int:
         if tid is not None:
             return int(tid)
     return 0
-
-
-def make_transform(config: DataConfig, tokenizer: Any) -> Callable[[Any], Any]:
-    """The `Row -> example` function of `config.format`."""
-    return _TRANSFORMS[config.format](config, tokenizer)
 
 
 def _process_layout(process_index: int | None, process_count: int | None) -> tuple[int, int]:
@@ -178,11 +172,11 @@ def make_dataset(
             f"batch size {global_batch} is not divisible by the process count {P}"
         )
     b = global_batch // P
+    fmt = get_format(config.format)
     source: RecordSource = open_source(files)
     n = len(source)
-    transform = make_transform(config, tokenizer)
-    buckets = config.bucket_lengths()
-    pad_id = pad_token_id(tokenizer)
+    transform = fmt.transform(config, tokenizer)
+    layout = BatchLayout(config.bucket_lengths(), pad_token_id(tokenizer), rows=b)
     read_options = grain.ReadOptions(
         num_threads=config.num_threads, prefetch_buffer_size=config.prefetch_buffer_size
     )
@@ -197,6 +191,8 @@ def make_dataset(
             ds = ds[: total - total % P]
         ds = ds[p::P]
         packing = config.packing
+        if packing and fmt.packing is None:
+            raise ValueError(f"data.packing is not supported for format {fmt.name!r}")
         drop_remainder = True
     else:
         chunk = b * P
@@ -206,21 +202,18 @@ def make_dataset(
 
     it_ds = ds.map(transform).to_iter_dataset(read_options)
 
-    if config.format == "rl":
-        batch_fn: Callable[[Any], Any] = collate_rl
-    elif config.format == "preference":
-        batch_fn = lambda xs: collate_preference(xs, buckets, pad_id, rows=b)  # noqa: E731
-    elif packing:
+    collate = fmt.collate
+    if packing:
         it_ds = grain.experimental.FirstFitPackIterDataset(
             it_ds,
-            length_struct={"input_ids": config.max_length, "loss_mask": config.max_length},
+            length_struct={field: config.max_length for field in fmt.packing.fields},
             num_packing_bins=b,
             shuffle_bins=False,
         )
-        batch_fn = lambda xs: collate_packed(xs, buckets, pad_id)  # noqa: E731
-    else:
-        batch_fn = lambda xs: collate_sft(xs, buckets, pad_id, rows=b)  # noqa: E731
-    it_ds = it_ds.batch(b, drop_remainder=drop_remainder, batch_fn=batch_fn)
+        collate = fmt.packing.collate
+    it_ds = it_ds.batch(
+        b, drop_remainder=drop_remainder, batch_fn=functools.partial(collate, layout=layout)
+    )
 
     if split == "train":
         steps_per_epoch = None if packing else n // global_batch
@@ -263,13 +256,15 @@ def check_dataset(
     """Run every row of `split` through the tokenizing transform once, in file order.
 
     Returns ``{"rows", "errors" (list of `DataError` messages, at most `max_errors`),
-    "max_tokens", "mean_tokens"}`` (token counts after truncation; for preference the
-    longer side, for rl the prompt). Use it to find every bad row before a long run.
+    "max_tokens", "mean_tokens"}`` (token counts after truncation, by the format's
+    `length`: for preference the longer side, for rl the prompt). Use it to find every bad
+    row before a long run.
     """
     config.validate()
+    fmt = get_format(config.format)
     files = config.train_files if split == "train" else config.val_files
     source = open_source(files)
-    transform = make_transform(config, tokenizer)
+    transform = fmt.transform(config, tokenizer)
     errors: list[str] = []
     lengths: list[int] = []
     for i in range(len(source)):
@@ -280,12 +275,7 @@ def check_dataset(
             if len(errors) >= max_errors:
                 break
             continue
-        if config.format == "sft":
-            lengths.append(len(ex["input_ids"]))
-        elif config.format == "preference":
-            lengths.append(max(len(ex["chosen_input_ids"]), len(ex["rejected_input_ids"])))
-        else:
-            lengths.append(len(ex["prompt_ids"]))
+        lengths.append(fmt.length(ex))
     return {
         "rows": len(source),
         "errors": errors,

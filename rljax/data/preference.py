@@ -41,6 +41,11 @@ def empty_preference_example() -> dict[str, np.ndarray]:
     return out
 
 
+def preference_length(example: dict[str, np.ndarray]) -> int:
+    """Tokens of the longer side of a preference example (after truncation)."""
+    return max(len(example[f"{side}_input_ids"]) for side in SIDES)
+
+
 def prompt_messages(value: Any) -> list[dict[str, Any]]:
     """A prompt column value as normalized messages (a string is one user message)."""
     if isinstance(value, str):

@@ -28,6 +28,11 @@ from rljax.data.sources import Row
 from rljax.data.truncation import truncate
 
 
+def rl_length(example: dict[str, Any]) -> int:
+    """Tokens of an RL example's prompt (after truncation)."""
+    return len(example["prompt_ids"])
+
+
 class RLTransform:
     """Callable `Row -> prompt example` for the ``rl`` format."""
 

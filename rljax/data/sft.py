@@ -26,6 +26,11 @@ def empty_sft_example() -> dict[str, np.ndarray]:
     }
 
 
+def sft_length(example: dict[str, np.ndarray]) -> int:
+    """Tokens of an SFT example (after truncation)."""
+    return len(example["input_ids"])
+
+
 class SFTTransform:
     """Callable `Row -> example` for the ``sft`` format (thread-safe, no state)."""
 

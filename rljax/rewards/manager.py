@@ -40,7 +40,7 @@ import numpy as np
 
 from rljax.rewards.custom import FileRewardFn, custom_reward_fn_from_config
 from rljax.rewards.pool import Outcome, ScoringPool, can_alarm, score_item_inline
-from rljax.rewards.registry import REWARDS, UnknownDataSourceError, _ensure_builtins, default_compute_score
+from rljax.rewards.registry import REWARDS, UnknownDataSourceError, default_compute_score
 from rljax.rewards.result import RewardResult, collect_extras, extra_metrics
 
 logger = logging.getLogger("rljax.rewards")
@@ -187,7 +187,6 @@ class RewardManager:
             if missing:
                 raise ValueError(f"reward batch item {i} lacks {missing}; it has {sorted(item)}")
         if self.uses_registry:  # a config error, not a reward failure: fail loudly
-            _ensure_builtins()
             unknown = sorted({str(item["data_source"]) for item in batch if item["data_source"] not in REWARDS})
             if unknown:
                 raise UnknownDataSourceError(

@@ -12,6 +12,11 @@ A reward function has verl's signature::
 
 An answer extractor maps a response to its normalised final answer (``str | None``); it
 is what majority voting (`rljax.evaluation`) compares.
+
+The built-in scorers register themselves here when `rljax.rewards.builtins` is imported.
+This module does not import it (the scorer modules import this one, so that would be a
+cycle): the package ``__init__`` imports `builtins` first, and Python runs the package
+``__init__`` before any of its modules, so every lookup below already sees the built-ins.
 """
 
 from __future__ import annotations
@@ -122,7 +127,6 @@ def register_answer_extractor(*names: str, overwrite: bool = False) -> Callable[
 
 def get_reward_fn(data_source: str) -> RewardFn:
     """The reward function registered for `data_source` (`UnknownDataSourceError` if none)."""
-    _ensure_builtins()
     return REWARDS.get(data_source)
 
 
@@ -130,7 +134,6 @@ def has_reward_fn(data_source: str, *, warn: bool = True) -> bool:
     """Whether a reward function is registered for `data_source`. The first miss of each
     name logs a loud warning (once per process and name, however many rows ask): callers
     that then score such rows 0 (a reward model run) must not do it silently."""
-    _ensure_builtins()
     if data_source in REWARDS:
         return True
     if warn and data_source not in _WARNED_UNSCORED:
@@ -150,13 +153,11 @@ _WARNED_UNSCORED: set[str] = set()
 
 def get_answer_extractor(data_source: str) -> Extractor | None:
     """The answer extractor for `data_source`, or None when none is registered."""
-    _ensure_builtins()
     return EXTRACTORS.find(data_source)
 
 
 def known_data_sources() -> list[str]:
     """Registered reward names: exact names, then patterns."""
-    _ensure_builtins()
     return REWARDS.names()
 
 
@@ -167,8 +168,3 @@ def default_compute_score(
     fn = get_reward_fn(data_source)
     return fn(data_source, solution_str, ground_truth, extra_info, **kwargs)
 
-
-def _ensure_builtins() -> None:
-    # The built-in scorers register themselves on import; importing here (not at module
-    # top) keeps this module free of import cycles.
-    import rljax.rewards.builtins  # noqa: F401
