@@ -10,6 +10,10 @@ Two moves, neither through the host:
 2. Per replica, its arrays are assembled from that result's shards on its devices
    (`make_array_from_single_device_arrays`): views, no copy, local to each process.
 
+With several processes the rollout devices must be the training mesh's devices (JAX
+reshards across hosts within one device set); on one process any devices will do (e.g.
+rollout replicas on devices the trainer does not use).
+
 `timed_hand_off` also reports the seconds it took and the bytes it allocated on each
 device (measured from the arrays' shards: buffers of the result that are not buffers of
 the input), the `timing_s/update_weights` of a training step and its transient memory.

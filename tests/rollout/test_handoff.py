@@ -94,3 +94,25 @@ def test_hand_off_to_chosen_replicas(params):
     train = training_layout(params, jax.devices(), fsdp=8)
     (third,) = hand_off(train, layout, replicas=[2])
     assert {d.id for d in measured_bytes(third)} == {4, 5}
+
+
+def test_a_sampler_on_a_replica_samples_the_single_device_tokens(llama, roomy_sampler):
+    """The plug-in path: the replica's state merged into the model runs a Sampler on the
+    replica's devices (kv heads over its tensor axis) with the single-device tokens."""
+    from rljax.rollout import Sampler, SamplingParams
+
+    from .conftest import random_prompts
+
+    graphdef, state = nnx.split(llama)
+    train = training_layout(state, jax.devices(), fsdp=4, tensor=2)
+    layout = ReplicaLayout.create(tensor_parallel_size=2)
+    (replica,) = hand_off(train, layout, replicas=[3])
+    prompts = random_prompts([5, 9, 14], seed=41)
+    params = SamplingParams(temperature=1.0, max_tokens=6, seed=5)
+    want = roomy_sampler.generate(prompts, params)
+    with Sampler(nnx.merge(graphdef, replica), roomy_sampler.config) as sampler:
+        got = sampler.generate(prompts, params)
+        assert set(sampler.engine.k_cache.sharding.device_set) == set(layout.replicas[3].devices.flat)
+        assert sampler.engine.k_cache.sharding.spec[3] == "tensor"
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    np.testing.assert_allclose([c.logprobs for c in got], [c.logprobs for c in want], atol=1e-5)
