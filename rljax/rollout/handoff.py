@@ -1,0 +1,116 @@
+"""Weight hand-off: the trainer's parameters, in device memory, into each rollout replica.
+
+Two moves, neither through the host:
+1. One reshard of the whole state, from the training layout (any NamedSharding on the
+   training mesh) to the rollout layout over `layout.mesh` (replicated over replicas,
+   heads / MLP / vocab over "tensor"): a single `jax.device_put` of the tree, which every
+   process makes with the same arguments (it is one SPMD program when the two meshes
+   span several processes). A leaf whose training sharding already puts the same blocks
+   on the same devices is not moved at all (zero copy).
+2. Per replica, its arrays are assembled from that result's shards on its devices
+   (`make_array_from_single_device_arrays`): views, no copy, local to each process.
+
+With several processes the rollout devices must be the training mesh's devices (JAX
+reshards across hosts within one device set); on one process any devices will do (e.g.
+rollout replicas on devices the trainer does not use).
+
+`timed_hand_off` also reports the seconds it took and the bytes it allocated on each
+device (measured from the arrays' shards: buffers of the result that are not buffers of
+the input), the `timing_s/update_weights` of a training step and its transient memory.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import jax
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from rljax.parallel import state_shardings
+from rljax.rollout.replicas import ReplicaLayout
+
+
+def rollout_shardings(params: nnx.State, layout: ReplicaLayout) -> list[NamedSharding]:
+    """The rollout layout of each leaf of `params` (in `jax.tree.leaves` order), on
+    `layout.mesh`, from the parameters' logical axes."""
+    return jax.tree.leaves(state_shardings(params, layout.mesh), is_leaf=lambda x: isinstance(x, NamedSharding))
+
+
+def _to_rollout_layout(leaves: list[jax.Array], targets: list[NamedSharding]) -> list[jax.Array]:
+    """Each leaf in its target layout: moved by one batched `device_put`, or kept as it
+    is when its sharding is equivalent (same blocks on the same devices)."""
+    moving = [i for i, (x, t) in enumerate(zip(leaves, targets)) if not x.sharding.is_equivalent_to(t, x.ndim)]
+    moved = jax.device_put([leaves[i] for i in moving], [targets[i] for i in moving])
+    out = list(leaves)
+    for i, x in zip(moving, moved):
+        out[i] = x
+    return out
+
+
+def _replica_view(x: jax.Array, spec, mesh) -> jax.Array:
+    """The array `x` (laid out on the global rollout mesh) as an array on one replica's
+    mesh, built from x's shards on that replica's devices (no copy)."""
+    devices = set(mesh.devices.flat)
+    shards = [s.data for s in x.addressable_shards if s.device in devices]
+    return jax.make_array_from_single_device_arrays(x.shape, NamedSharding(mesh, spec), shards)
+
+
+def hand_off(params: nnx.State, layout: ReplicaLayout, replicas: Sequence[int] | None = None) -> list[nnx.State]:
+    """`params` (an nnx.State of the policy, in the training layout) laid out for each of
+    `replicas` (default: this process's `layout.local_replicas()`), in that order.
+
+    Every process must call it with the same `params` and `layout` (step 1 of the module
+    docstring is one program over all of them). Values are the source's, bit for bit."""
+    replicas = layout.local_replicas() if replicas is None else tuple(replicas)
+    leaves, treedef = jax.tree.flatten(params)
+    targets = rollout_shardings(params, layout)
+    placed = _to_rollout_layout(leaves, targets)
+    return [
+        jax.tree.unflatten(treedef, [_replica_view(x, t.spec, layout.replicas[r]) for x, t in zip(placed, targets)])
+        for r in replicas
+    ]
+
+
+@dataclass(frozen=True)
+class HandOffReport:
+    """What one hand-off cost.
+
+    seconds: wall time until every replica's arrays were ready.
+    allocated_bytes: per addressable device id, bytes of buffers the hand-off created
+        (held until the previous rollout weights are dropped; 0 where it aliased).
+    """
+
+    seconds: float
+    allocated_bytes: dict[int, int]
+
+    def metrics(self) -> dict[str, float]:
+        peak = max(self.allocated_bytes.values(), default=0)
+        return {"timing_s/update_weights": self.seconds, "memory/update_weights_GiB": peak / 2**30}
+
+
+def _buffers(tree) -> dict[tuple[int, int], int]:
+    """(device id, buffer address) -> bytes, over every addressable shard of `tree`."""
+    out = {}
+    for leaf in jax.tree.leaves(tree):
+        for shard in leaf.addressable_shards:
+            out[(shard.device.id, shard.data.unsafe_buffer_pointer())] = shard.data.nbytes
+    return out
+
+
+def timed_hand_off(
+    params: nnx.State, layout: ReplicaLayout, replicas: Sequence[int] | None = None
+) -> tuple[list[nnx.State], HandOffReport]:
+    """`hand_off`, timed to completion, with the bytes it allocated on each device."""
+    start = time.perf_counter()
+    out = jax.block_until_ready(hand_off(params, layout, replicas))
+    seconds = time.perf_counter() - start
+    before = _buffers(params)
+    allocated: dict[int, int] = {}
+    for (device, address), nbytes in _buffers(out).items():  # views share buffers: counted once
+        allocated.setdefault(device, 0)
+        if (device, address) not in before:
+            allocated[device] += nbytes
+    return out, HandOffReport(seconds, allocated)

@@ -1,0 +1,98 @@
+"""Group assignment: whole groups per replica, balanced by expected tokens (greedy
+longest-first, within Graham's bound of the best), deterministic, results merged back in
+request order, agent episodes pinned to the replica of the group they started in."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from rljax.rollout.assign import Assignment, Group, assign_groups, merge_in_order
+
+
+def random_groups(rng, count):
+    return [Group(int(rng.integers(1, 200)), int(rng.integers(1, 9)), int(rng.integers(1, 100))) for _ in range(count)]
+
+
+def best_max_load(groups, replicas):
+    """The optimum by brute force (small instances only)."""
+    sizes = [g.expected_tokens for g in groups]
+    best = None
+    for choice in itertools.product(range(replicas), repeat=len(sizes)):
+        loads = np.bincount(choice, weights=sizes, minlength=replicas)
+        best = loads.max() if best is None else min(best, loads.max())
+    return best
+
+
+def test_expected_tokens_count_the_prompt_once_or_take_the_estimate():
+    assert Group(prompt_len=10, num_samples=4, max_response_len=20).expected_tokens == 10 + 4 * 20
+    assert Group(10, 4, 20, estimate=33).expected_tokens == 33
+
+
+def test_hand_computed_assignment():
+    # sizes 100, 90, 50, 40, 30 on 2 replicas, longest first to the least loaded:
+    # 100 -> r0, 90 -> r1, 50 -> r1 (90 < 100), 40 -> r0 (100 < 140), 30 -> r0 (140 = 140: lower index)
+    groups = [Group(0, 1, 0, estimate=e) for e in (50, 100, 30, 90, 40)]
+    a = assign_groups(groups, 2)
+    assert a.replica_of == (1, 0, 0, 1, 0)
+    assert a.per_replica == ((1, 2, 4), (0, 3))
+    assert a.loads(groups) == [170, 140]
+
+
+def test_balance_within_grahams_bound_of_the_optimum():
+    rng = np.random.default_rng(0)
+    for replicas in (2, 3):
+        for _ in range(20):
+            groups = random_groups(rng, 7)
+            worst = max(assign_groups(groups, replicas).loads(groups))
+            assert worst <= (4 / 3 - 1 / (3 * replicas)) * best_max_load(groups, replicas) + 1e-9
+
+
+def test_balance_on_large_batches_is_within_one_group_of_the_mean():
+    rng = np.random.default_rng(1)
+    for replicas in (1, 2, 4, 8, 16):
+        groups = random_groups(rng, 256)
+        loads = assign_groups(groups, replicas).loads(groups)
+        sizes = [g.expected_tokens for g in groups]
+        assert sum(loads) == sum(sizes)
+        assert max(loads) <= sum(sizes) / replicas + max(sizes)
+
+
+def test_deterministic_and_ties_broken_by_index():
+    groups = [Group(4, 2, 8)] * 6  # all equal: round robin by index
+    a = assign_groups(groups, 4)
+    assert a.replica_of == (0, 1, 2, 3, 0, 1)
+    rng = np.random.default_rng(2)
+    groups = random_groups(rng, 50)
+    assert assign_groups(groups, 4) == assign_groups(list(groups), 4)
+
+
+def test_more_replicas_than_groups_leaves_some_idle_and_bad_counts_fail():
+    a = assign_groups([Group(3, 1, 3), Group(5, 1, 3)], 4)
+    assert a.per_replica == ((1,), (0,), (), ())
+    assert assign_groups([], 3).per_replica == ((), (), ())
+    with pytest.raises(ValueError, match="num_replicas"):
+        assign_groups([Group(1, 1, 1)], 0)
+
+
+def test_merge_restores_request_order():
+    rng = np.random.default_rng(3)
+    groups = random_groups(rng, 40)
+    a = assign_groups(groups, 3)
+    # each replica answers its groups in its own order; the results name their group
+    per_replica = [[f"group {g}" for g in groups_of_r] for groups_of_r in a.per_replica]
+    assert merge_in_order(per_replica, a) == [f"group {g}" for g in range(40)]
+    with pytest.raises(ValueError, match="replica 0 returned"):
+        merge_in_order([per_replica[0][:-1], *per_replica[1:]], a)
+    with pytest.raises(ValueError, match="2 replicas returned"):
+        merge_in_order(per_replica[:2], a)
+
+
+def test_agent_episodes_stay_on_the_replica_of_their_group():
+    a = Assignment(replica_of=(2, 0, 1), num_replicas=3)
+    episodes = {"ep-a": 0, "ep-b": 0, "ep-c": 2, 7: 1}  # episode id -> group it started in
+    pins = a.episode_replicas(episodes)
+    assert pins == {"ep-a": 2, "ep-b": 2, "ep-c": 1, 7: 0}
+    # every later turn looks up the same pin, whatever order the turns arrive in
+    turns = ["ep-c", "ep-a", 7, "ep-a", "ep-b", "ep-c", 7]
+    assert [pins[e] for e in turns] == [1, 2, 0, 2, 2, 1, 0]

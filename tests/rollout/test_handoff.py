@@ -1,0 +1,118 @@
+"""Weight hand-off: the training layout's arrays land in each replica's layout in device
+memory with the source's exact values; a replica's device holds 1/tp of every split
+weight; nothing is copied where the layouts coincide; the report counts what was
+allocated, per device, from the arrays' shards."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from rljax.parallel import MeshConfig, make_mesh, measured_bytes, state_shardings
+from rljax.rollout.handoff import hand_off, timed_hand_off
+from rljax.rollout.replicas import ReplicaLayout
+
+from .replica_fixtures import numbered_params
+
+SPLIT_AXES = {"vocab", "mlp", "heads", "kv_heads"}  # what tensor parallelism splits
+
+
+@pytest.fixture(scope="module")
+def params():
+    return numbered_params()
+
+
+def training_layout(params, devices, **mesh):
+    mesh = make_mesh(MeshConfig(**{"data": 1, "fsdp": 1, "tensor": 1, **mesh}), devices=devices)
+    return jax.device_put(params, state_shardings(params, mesh))
+
+
+def replica_bytes_per_device(params, tp: int) -> int:
+    """Per device of a replica: split weights / tp, the rest whole (from logical axes)."""
+    total = 0
+    for var in jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nnx.Variable)):
+        value = var.get_value()
+        split = SPLIT_AXES & set(var.get_metadata()["logical_axes"])
+        total += value.nbytes // tp if split else value.nbytes
+    return total
+
+
+def buffers(tree) -> set[int]:
+    return {s.data.unsafe_buffer_pointer() for leaf in jax.tree.leaves(tree) for s in leaf.addressable_shards}
+
+
+@pytest.mark.parametrize("mesh, tp, rollout_devices", [
+    (dict(fsdp=8), 1, slice(None)),
+    (dict(fsdp=8), 2, slice(None)),
+    (dict(data=2, fsdp=2, tensor=2), 4, slice(None)),
+    (dict(fsdp=4, tensor=2), 8, slice(None)),
+    (dict(fsdp=4), 2, slice(4, 8)),  # rollout on devices the trainer does not use
+])
+def test_each_replica_gets_exact_weights_split_over_its_tp_devices(params, mesh, tp, rollout_devices):
+    devices = jax.devices()
+    train_devices = devices[: math.prod(mesh.values())]
+    train = training_layout(params, train_devices, **mesh)
+    layout = ReplicaLayout.create(devices[rollout_devices], tensor_parallel_size=tp)
+    out, report = timed_hand_off(train, layout)
+    assert len(out) == layout.num_replicas
+    source = jax.tree.leaves(params)
+    expected = replica_bytes_per_device(params, tp)
+    for replica, mesh_r in zip(out, layout.replicas):
+        assert jax.tree.structure(replica) == jax.tree.structure(params)
+        for got, want in zip(jax.tree.leaves(replica), source):
+            assert got.sharding.mesh == mesh_r and got.dtype == want.dtype
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        per_device = measured_bytes(replica)
+        assert sorted(per_device, key=lambda d: d.id) == list(mesh_r.devices.flat)
+        assert set(per_device.values()) == {expected}
+    # training and rollout layouts differ: every byte a replica holds is new
+    assert report.allocated_bytes == {d.id: expected for d in devices[rollout_devices]}
+    assert report.seconds > 0
+    assert report.metrics()["memory/update_weights_GiB"] == expected / 2**30
+
+
+@pytest.mark.parametrize("mesh, tp, devices", [
+    (dict(data=4, tensor=2), 2, 8),  # tensor-parallel training, the same devices per replica
+    (dict(data=8), 1, 8),  # pure data parallel training, one device per replica
+    (dict(tensor=2), 2, 2),  # one replica that is the training mesh
+])
+def test_coinciding_layouts_are_handed_off_without_a_copy(params, mesh, tp, devices):
+    devices = jax.devices()[:devices]
+    train = training_layout(params, devices, **mesh)
+    out, report = timed_hand_off(train, ReplicaLayout.create(devices, tensor_parallel_size=tp))
+    assert set().union(*(buffers(replica) for replica in out)) == buffers(train)
+    assert report.allocated_bytes == {d.id: 0 for d in devices}
+    for replica in out:
+        for got, want in zip(jax.tree.leaves(replica), jax.tree.leaves(params)):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_hand_off_to_chosen_replicas(params):
+    layout = ReplicaLayout.create(tensor_parallel_size=2)
+    train = training_layout(params, jax.devices(), fsdp=8)
+    (third,) = hand_off(train, layout, replicas=[2])
+    assert {d.id for d in measured_bytes(third)} == {4, 5}
+
+
+def test_a_sampler_on_a_replica_samples_the_single_device_tokens(llama, roomy_sampler):
+    """The plug-in path: the replica's state merged into the model runs a Sampler on the
+    replica's devices (kv heads over its tensor axis) with the single-device tokens."""
+    from rljax.rollout import Sampler, SamplingParams
+
+    from .conftest import random_prompts
+
+    graphdef, state = nnx.split(llama)
+    train = training_layout(state, jax.devices(), fsdp=4, tensor=2)
+    layout = ReplicaLayout.create(tensor_parallel_size=2)
+    (replica,) = hand_off(train, layout, replicas=[3])
+    prompts = random_prompts([5, 9, 14], seed=41)
+    params = SamplingParams(temperature=1.0, max_tokens=6, seed=5)
+    want = roomy_sampler.generate(prompts, params)
+    with Sampler(nnx.merge(graphdef, replica), roomy_sampler.config) as sampler:
+        got = sampler.generate(prompts, params)
+        assert set(sampler.engine.k_cache.sharding.device_set) == set(layout.replicas[3].devices.flat)
+        assert sampler.engine.k_cache.sharding.spec[3] == "tensor"
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    np.testing.assert_allclose([c.logprobs for c in got], [c.logprobs for c in want], atol=1e-5)
