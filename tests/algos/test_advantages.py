@@ -282,7 +282,8 @@ def test_every_estimator_jits_with_one_superset_of_kwargs(name):
 
 # ---------------------------------------------------------------- specs and typed inputs
 def test_estimator_specs_declare_what_they_need():
-    flags = {name: (s.needs_critic, s.needs_greedy_baseline, s.uses_groups) for name, s in ADV_ESTIMATOR_REGISTRY.items()}
+    registry = ADV_ESTIMATOR_REGISTRY
+    flags = {name: (s.needs_critic, s.needs_greedy_baseline, s.uses_groups) for name, s in registry.items()}
     assert flags["gae"] == (True, False, False)
     assert flags["remax"] == (False, True, False)
     assert flags["grpo"] == (False, False, True)
