@@ -2,7 +2,7 @@
 
 Modules, one job each:
 
-    registry.py            name -> function registries (policy loss, advantage, KL, agg mode)
+    registry.py            name -> spec / function registries (policy loss, advantage, KL, agg mode)
     masked.py              masked sum / mean / var / whiten
     aggregation.py         loss_agg_mode as (numerator, denominator): micro-batch exact
     policy_loss.py         vanilla PPO, GSPO, GPG, CISPO, Clip-Cov, KL-Cov, GMPO, REINFORCE
@@ -20,6 +20,10 @@ with `return_terms=True`.
 """
 
 from rljax.algos.advantages import (
+    AdvantageEstimator,
+    AdvantageInputs,
+    AdvantageParams,
+    compute_advantages,
     compute_dr_grpo_outcome_advantage,
     compute_gae_advantage_return,
     compute_gpg_outcome_advantage,
@@ -32,6 +36,7 @@ from rljax.algos.advantages import (
     compute_rloo_outcome_advantage,
     discounted_returns,
     group_mean_std,
+    register_adv_est,
 )
 from rljax.algos.aggregation import (
     LOSS_AGG_MODES,
@@ -61,6 +66,7 @@ from rljax.algos.logprobs import (
 )
 from rljax.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten, safe_divide
 from rljax.algos.policy_loss import (
+    PolicyLoss,
     PolicyLossConfig,
     compute_policy_loss,
     compute_policy_loss_cispo,
@@ -71,6 +77,7 @@ from rljax.algos.policy_loss import (
     compute_policy_loss_kl_cov,
     compute_policy_loss_reinforce,
     compute_policy_loss_vanilla,
+    register_policy_loss,
 )
 from rljax.algos.preference import DPO_LOSS_REGISTRY, bradley_terry_loss, dpo_loss, sequence_log_probs
 from rljax.algos.registry import (
@@ -79,14 +86,15 @@ from rljax.algos.registry import (
     LOSS_AGG_REGISTRY,
     POLICY_LOSS_REGISTRY,
     Registry,
+    get_adv_estimator,
     get_adv_estimator_fn,
     get_kl_estimator,
     get_loss_agg_fn,
+    get_policy_loss,
     get_policy_loss_fn,
-    register_adv_est,
+    loss_denominator,
     register_kl_estimator,
     register_loss_agg_mode,
-    register_policy_loss,
 )
 from rljax.algos.rollout_correction import (
     compute_offpolicy_metrics,
@@ -107,8 +115,12 @@ __all__ = [
     "LOSS_AGG_REGISTRY",
     "POLICY_LOSS_REGISTRY",
     "AdaptiveKLController",
+    "AdvantageEstimator",
+    "AdvantageInputs",
+    "AdvantageParams",
     "AggTerms",
     "FixedKLController",
+    "PolicyLoss",
     "PolicyLossConfig",
     "Registry",
     "add_terms",
@@ -118,6 +130,7 @@ __all__ = [
     "align_next_token",
     "apply_kl_penalty",
     "bradley_terry_loss",
+    "compute_advantages",
     "compute_dr_grpo_outcome_advantage",
     "compute_entropy_loss",
     "compute_gae_advantage_return",
@@ -150,15 +163,18 @@ __all__ = [
     "discounted_returns",
     "dpo_loss",
     "entropy_from_logits",
+    "get_adv_estimator",
     "get_adv_estimator_fn",
     "get_kl_controller",
     "get_kl_estimator",
     "get_loss_agg_fn",
+    "get_policy_loss",
     "get_policy_loss_fn",
     "group_mean_std",
     "kl_from_logits",
     "kl_penalty",
     "log_probs_from_hidden",
+    "loss_denominator",
     "masked_mean",
     "masked_sum",
     "masked_var",

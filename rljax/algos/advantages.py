@@ -1,11 +1,20 @@
 """Advantage estimators, registered by name (verl's `algorithm.adv_estimator`).
 
-Every estimator returns `(advantages, returns)`, both [B, T] float32, and takes keyword
-arguments named as in verl: `token_level_rewards` [B, T] (an outcome reward sits on the
-last response token), `response_mask` [B, T], and as needed `values` [B, T], `index` [B]
-(int group ids in [0, num_groups): the prompt each sample came from; verl takes string
-uids), `reward_baselines` [B], `gamma`, `lam`, `epsilon`, `norm_adv_by_std_in_grpo`.
-Unused keyword arguments are ignored, so a trainer can pass one superset to any estimator.
+An estimator is a core `(AdvantageInputs, AdvantageParams) -> (advantages, returns)`, both
+[B, T] float32, registered with what it needs from the batch (`register_adv_est`): a
+critic's `values`, a greedy response's `reward_baselines`, the samples' `group_ids`. The
+trainer reads those needs off the spec (`get_adv_estimator(name).needs_critic`, ...) and
+calls `compute_advantages(name, inputs, gamma=..., lam=..., norm_adv_by_std_in_grpo=...)`.
+
+Each estimator also has verl's keyword function (`compute_grpo_outcome_advantage(...)`,
+`get_adv_estimator_fn(name)`): the arrays it needs positionally in verl's order, then
+keywords named as in verl: `token_level_rewards` [B, T] (an outcome reward sits on the last
+response token), `response_mask` [B, T], `values` [B, T], `index` [B] (int group ids in
+[0, num_groups): the prompt each sample came from; verl takes string uids),
+`reward_baselines` [B], `num_groups`, and the `AdvantageParams` fields (`gamma`, `lam`,
+`epsilon`, `norm_adv_by_std_in_grpo`, `f_norm`). Every function accepts that one closed set
+of names, so a trainer can pass one superset to any estimator, and a misspelt name is a
+`TypeError` instead of being swallowed.
 
 Group statistics use `jax.ops.segment_sum` over `num_groups` segments: static, jit-able;
 `num_groups` defaults to B (always enough, since ids are < B after a re-index). Outcome
@@ -25,15 +34,129 @@ advantage.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
 from rljax.algos.masked import as_float, masked_whiten, safe_divide
-from rljax.algos.registry import register_adv_est
+from rljax.algos.registry import ADV_ESTIMATOR_REGISTRY, get_adv_estimator
 
 Pair = tuple[jax.Array, jax.Array]
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """The batch an estimator reads; which optional fields it needs is in its spec."""
+
+    token_level_rewards: ArrayLike  # [B, T] (an outcome reward on the last sampled token)
+    response_mask: ArrayLike  # [B, T] 1 = a token the policy sampled
+    values: ArrayLike | None = None  # [B, T] the critic's values (needs_critic)
+    group_ids: ArrayLike | None = None  # [B] int in [0, num_groups): each sample's prompt (uses_groups)
+    reward_baselines: ArrayLike | None = None  # [B] the greedy response's reward (needs_greedy_baseline)
+    num_groups: int | None = None  # static bound on the group ids; None: B
+
+
+@dataclass(frozen=True)
+class AdvantageParams:
+    """The estimators' hyper-parameters (static Python values), with verl's defaults."""
+
+    gamma: float = 1.0  # discount (GAE, REINFORCE++)
+    lam: float = 1.0  # GAE lambda
+    epsilon: float = 1e-6  # added to the group std (GRPO, pass@k)
+    norm_adv_by_std_in_grpo: bool = True  # False: no std division (Dr. GRPO)
+    f_norm: float = 1.0  # GPG's normaliser
+
+
+EstimatorCore = Callable[[AdvantageInputs, AdvantageParams], Pair]
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """A registered advantage estimator: its core, what it needs, and verl's keyword function."""
+
+    name: str
+    core: EstimatorCore
+    fn: Callable[..., Pair]  # verl's keyword function (see the module docstring)
+    needs_critic: bool  # reads `values`: the trainer trains a critic
+    needs_greedy_baseline: bool  # reads `reward_baselines`: the trainer samples a greedy response per prompt
+    uses_groups: bool  # reads `group_ids`
+    min_group_size: int  # samples per prompt a group-relative baseline needs to compare (config validation)
+
+    def __call__(self, inputs: AdvantageInputs, params: AdvantageParams = AdvantageParams()) -> Pair:
+        """(advantages, returns), both [B, T] float32; a `ValueError` names a missing input."""
+        needed = {"values": self.needs_critic, "group_ids": self.uses_groups,
+                  "reward_baselines": self.needs_greedy_baseline}  # fmt: skip
+        missing = [name for name, needs in needed.items() if needs and getattr(inputs, name) is None]
+        if missing:
+            raise ValueError(f"advantage estimator {self.name!r} needs {', '.join(missing)}")
+        return self.core(inputs, params)
+
+
+def compute_advantages(
+    estimator: str | AdvantageEstimator,
+    inputs: AdvantageInputs,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std_in_grpo: bool = True,
+) -> Pair:
+    """(advantages, returns) [B, T] of `estimator` (a name or a spec): what the trainer calls."""
+    spec = get_adv_estimator(estimator) if isinstance(estimator, str) else estimator
+    return spec(inputs, AdvantageParams(gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo))
+
+
+def _keyword_signature(needs_critic: bool, needs_greedy_baseline: bool, uses_groups: bool) -> inspect.Signature:
+    """verl's signature: the needed arrays positionally, in verl's order (token_level_rewards,
+    values, reward_baselines, response_mask, index), then every other known name as a keyword."""
+    needed = {"values": needs_critic, "reward_baselines": needs_greedy_baseline, "index": uses_groups}
+    positional = ["token_level_rewards", *(n for n in ("values", "reward_baselines") if needed[n]), "response_mask",
+                  *(["index"] if uses_groups else [])]  # fmt: skip
+    P = inspect.Parameter
+    optional = [n for n, needs in needed.items() if not needs] + ["num_groups"]
+    return inspect.Signature(
+        [P(n, P.POSITIONAL_OR_KEYWORD) for n in positional]
+        + [P(n, P.KEYWORD_ONLY, default=None) for n in optional]
+        + [P(f.name, P.KEYWORD_ONLY, default=f.default) for f in dataclasses.fields(AdvantageParams)]
+    )
+
+
+def register_adv_est(
+    name: str,
+    *,
+    needs_critic: bool = False,
+    needs_greedy_baseline: bool = False,
+    uses_groups: bool = False,
+    min_group_size: int = 1,
+) -> Callable[[EstimatorCore], Callable[..., Pair]]:
+    """Decorator: register `core` as the estimator `name`, with what it needs, and return its
+    verl keyword function (which carries the core's name and docstring)."""
+
+    def decorator(core: EstimatorCore) -> Callable[..., Pair]:
+        signature = _keyword_signature(needs_critic, needs_greedy_baseline, uses_groups)
+
+        def estimator_fn(*args: object, **kwargs: object) -> Pair:
+            arguments = signature.bind(*args, **kwargs)  # a misspelt or missing argument: TypeError
+            arguments.apply_defaults()
+            a = arguments.arguments
+            inputs = AdvantageInputs(a["token_level_rewards"], a["response_mask"], a["values"], a["index"],
+                                     a["reward_baselines"], a["num_groups"])  # fmt: skip
+            return spec(inputs, AdvantageParams(**{f.name: a[f.name] for f in dataclasses.fields(AdvantageParams)}))
+
+        estimator_fn.__name__ = estimator_fn.__qualname__ = core.__name__
+        estimator_fn.__doc__ = core.__doc__
+        estimator_fn.__signature__ = signature  # type: ignore[attr-defined]
+        spec = AdvantageEstimator(name, core, estimator_fn, needs_critic, needs_greedy_baseline, uses_groups,
+                                  min_group_size)  # fmt: skip
+        ADV_ESTIMATOR_REGISTRY.add(spec, name)
+        return estimator_fn
+
+    return decorator
 
 
 # --------------------------------------------------------------------------- groups
@@ -83,15 +206,8 @@ def _broadcast(per_sequence: jax.Array, response_mask: ArrayLike) -> jax.Array:
 # --------------------------------------------------------------------------- GAE
 
 
-@register_adv_est("gae")
-def compute_gae_advantage_return(
-    token_level_rewards: ArrayLike,
-    values: ArrayLike,
-    response_mask: ArrayLike,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    **kwargs: object,
-) -> Pair:
+@register_adv_est("gae", needs_critic=True)
+def compute_gae_advantage_return(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """Generalised Advantage Estimation, multi-turn safe, then whitened.
 
     Backwards over t, with m the response mask (1 = a policy token):
@@ -108,9 +224,10 @@ def compute_gae_advantage_return(
     (which leaves the carried A, and A + V with the masked token's own V, on masked
     positions; the losses mask them, so only those unused entries differ).
     """
-    rewards = as_float(token_level_rewards).astype(jnp.float32)
-    values = as_float(values).astype(jnp.float32)
-    mask = as_float(response_mask).astype(jnp.float32)
+    rewards = as_float(inputs.token_level_rewards).astype(jnp.float32)  # [B, T]
+    values = as_float(inputs.values).astype(jnp.float32)  # [B, T]
+    mask = as_float(inputs.response_mask).astype(jnp.float32)  # [B, T]
+    gamma, lam = params.gamma, params.lam
 
     def step(carry: Pair, xs: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[Pair, jax.Array]:
         next_value, next_adv = carry
@@ -121,9 +238,9 @@ def compute_gae_advantage_return(
         next_adv = m * adv + (1.0 - m) * next_adv
         return (next_value, next_adv), next_adv
 
-    zeros = jnp.zeros(rewards.shape[:1], jnp.float32)
-    _, adv_t = jax.lax.scan(step, (zeros, zeros), (rewards.T, values.T, mask.T), reverse=True)
-    advantages = adv_t.T
+    zeros = jnp.zeros(rewards.shape[:1], jnp.float32)  # [B]
+    _, adv_t = jax.lax.scan(step, (zeros, zeros), (rewards.T, values.T, mask.T), reverse=True)  # [T, B]
+    advantages = adv_t.T  # [B, T]
     returns = (advantages + values) * mask
     return masked_whiten(advantages, mask) * mask, returns
 
@@ -131,16 +248,17 @@ def compute_gae_advantage_return(
 # --------------------------------------------------------------------------- group baselines
 
 
-@register_adv_est("grpo")
-def compute_grpo_outcome_advantage(
-    token_level_rewards: ArrayLike,
-    response_mask: ArrayLike,
-    index: ArrayLike,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    num_groups: int | None = None,
-    **kwargs: object,
-) -> Pair:
+def _group_centred(inputs: AdvantageInputs, epsilon: float, by_std: bool) -> Pair:
+    """A_i = (s_i - mean_g) [/ (std_g + epsilon)] on the sampled tokens, as (advantages, returns)."""
+    scores = _scores(inputs.token_level_rewards)  # [B]
+    mean, std = group_mean_std(scores, inputs.group_ids, inputs.num_groups)
+    adv = (scores - mean) / (std + epsilon) if by_std else scores - mean
+    adv = _broadcast(adv, inputs.response_mask)  # [B, T]
+    return adv, adv
+
+
+@register_adv_est("grpo", uses_groups=True, min_group_size=2)
+def compute_grpo_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """GRPO outcome advantage:  A_i = (s_i - mean_g) / (std_g + epsilon), broadcast over tokens.
 
     std is the unbiased group std. With `norm_adv_by_std_in_grpo=False`: A_i = s_i - mean_g
@@ -148,78 +266,53 @@ def compute_grpo_outcome_advantage(
     padding) tokens get 0. Sources: Shao et al. 2024 (DeepSeekMath), arXiv:2402.03300; Liu et
     al. 2025 (Dr. GRPO), arXiv:2503.20783; verl `compute_grpo_outcome_advantage`.
     """
-    scores = _scores(token_level_rewards)
-    mean, std = group_mean_std(scores, index, num_groups)
-    adv = (scores - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else scores - mean
-    adv = _broadcast(adv, response_mask)
-    return adv, adv
+    return _group_centred(inputs, params.epsilon, params.norm_adv_by_std_in_grpo)
 
 
-@register_adv_est("dr_grpo")
-def compute_dr_grpo_outcome_advantage(
-    token_level_rewards: ArrayLike,
-    response_mask: ArrayLike,
-    index: ArrayLike,
-    num_groups: int | None = None,
-    **kwargs: object,
-) -> Pair:
+@register_adv_est("dr_grpo", uses_groups=True, min_group_size=2)
+def compute_dr_grpo_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """Dr. GRPO:  A_i = s_i - mean_g (GRPO without the std division), broadcast over the
     sampled tokens of every turn; masked (prompt, observation, padding) tokens get 0.
     Sources: Liu et al. 2025, arXiv:2503.20783; verl `compute_grpo_outcome_advantage` with
     `norm_adv_by_std_in_grpo=False`.
     """
-    return compute_grpo_outcome_advantage(
-        token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=False, num_groups=num_groups
-    )
+    return _group_centred(inputs, params.epsilon, by_std=False)
 
 
-@register_adv_est("grpo_passk")
-def compute_grpo_passk_outcome_advantage(
-    token_level_rewards: ArrayLike,
-    response_mask: ArrayLike,
-    index: ArrayLike,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    num_groups: int | None = None,
-    **kwargs: object,
-) -> Pair:
+@register_adv_est("grpo_passk", uses_groups=True, min_group_size=2)
+def compute_grpo_passk_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """Pass@k advantage: only the best sample of a group gets a nonzero advantage,
 
         A_best = (s_max - s_second_max) [/ (std_g + epsilon)],   A_other = 0
 
     (ties: the lowest batch index is "best"). Needs >= 2 samples per group; verl raises
-    otherwise, we raise when `index` is concrete and give 0 under `jit`. The per-sequence
+    otherwise, we raise when the group ids are concrete and give 0 under `jit`. The per-sequence
     value is broadcast over the sampled tokens of every turn; masked (prompt, observation,
     padding) tokens get 0. Sources: Chen et al. 2025, "Pass@k Training...", arXiv:2503.19595
     (as cited by verl); verl `compute_grpo_passk_outcome_advantage`.
     """
-    idx = _index(index)
-    g = _num_groups(idx, num_groups)
+    index = inputs.group_ids
+    idx = _index(index)  # [B]
+    g = _num_groups(idx, inputs.num_groups)
     if not isinstance(index, jax.core.Tracer):
         counts = np.bincount(np.asarray(index).astype(np.int64), minlength=g)
         if np.any((counts > 0) & (counts < 2)):
             raise ValueError("grpo_passk needs at least 2 samples in every group")
-    scores = _scores(token_level_rewards)
+    scores = _scores(inputs.token_level_rewards)  # [B]
     batch = jnp.arange(scores.shape[0])
     r_max = jax.ops.segment_max(scores, idx, num_segments=g)[idx]
     first_best = jax.ops.segment_min(jnp.where(scores == r_max, batch, scores.shape[0]), idx, num_segments=g)
     is_best = batch == first_best[idx]
     r_second = jax.ops.segment_max(jnp.where(is_best, -jnp.inf, scores), idx, num_segments=g)[idx]
     gap = jnp.where(jnp.isfinite(r_second), r_max - r_second, 0.0)
-    if norm_adv_by_std_in_grpo:
-        gap = gap / (group_mean_std(scores, idx, g)[1] + epsilon)
-    adv = _broadcast(jnp.where(is_best, gap, 0.0), response_mask)
+    if params.norm_adv_by_std_in_grpo:
+        gap = gap / (group_mean_std(scores, idx, g)[1] + params.epsilon)
+    adv = _broadcast(jnp.where(is_best, gap, 0.0), inputs.response_mask)  # [B, T]
     return adv, adv
 
 
-@register_adv_est("rloo")
-def compute_rloo_outcome_advantage(
-    token_level_rewards: ArrayLike,
-    response_mask: ArrayLike,
-    index: ArrayLike,
-    num_groups: int | None = None,
-    **kwargs: object,
-) -> Pair:
+@register_adv_est("rloo", uses_groups=True)
+def compute_rloo_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """RLOO: leave-one-out baseline,  A_i = s_i - (sum_{j in g, j != i} s_j) / (n - 1)
     = n/(n-1) (s_i - mean_g); a single-sample group keeps A_i = s_i (verl). Broadcast over
     the sampled tokens of every turn; masked (prompt, observation, padding) tokens get 0.
@@ -227,22 +320,17 @@ def compute_rloo_outcome_advantage(
     Sources: Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740; verl
     `compute_rloo_outcome_advantage`.
     """
-    scores = _scores(token_level_rewards)
+    index, num_groups = inputs.group_ids, inputs.num_groups
+    scores = _scores(inputs.token_level_rewards)  # [B]
     n = group_count(index, num_groups)
     others = (group_sum(scores, index, num_groups) - scores) / jnp.maximum(n - 1.0, 1.0)
     adv = jnp.where(n > 1, scores - others, scores)
-    adv = _broadcast(adv, response_mask)
+    adv = _broadcast(adv, inputs.response_mask)  # [B, T]
     return adv, adv
 
 
-@register_adv_est("opo")
-def compute_opo_outcome_advantage(
-    token_level_rewards: ArrayLike,
-    response_mask: ArrayLike,
-    index: ArrayLike,
-    num_groups: int | None = None,
-    **kwargs: object,
-) -> Pair:
+@register_adv_est("opo", uses_groups=True)
+def compute_opo_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """OPO: length-weighted group baseline,  A_i = s_i - sum_g(|y_j| s_j) / sum_g |y_j|
     (baseline 0 for a single-sample group, verl).
 
@@ -253,23 +341,17 @@ def compute_opo_outcome_advantage(
     masked tokens get 0. Sources: Hao et al. 2025, "On-Policy RL with Optimal Reward
     Baseline", arXiv:2505.23585; verl `compute_opo_outcome_advantage`.
     """
-    scores = _scores(token_level_rewards)
-    lengths = jnp.sum(as_float(response_mask).astype(jnp.float32), axis=-1)
+    index, num_groups = inputs.group_ids, inputs.num_groups
+    scores = _scores(inputs.token_level_rewards)  # [B]
+    lengths = jnp.sum(as_float(inputs.response_mask).astype(jnp.float32), axis=-1)  # [B]
     baseline = safe_divide(group_sum(lengths * scores, index, num_groups), group_sum(lengths, index, num_groups))
     adv = scores - jnp.where(group_count(index, num_groups) > 1, baseline, 0.0)
-    adv = _broadcast(adv, response_mask)
+    adv = _broadcast(adv, inputs.response_mask)  # [B, T]
     return adv, adv
 
 
-@register_adv_est("gpg")
-def compute_gpg_outcome_advantage(
-    token_level_rewards: ArrayLike,
-    response_mask: ArrayLike,
-    index: ArrayLike,
-    f_norm: float = 1.0,
-    num_groups: int | None = None,
-    **kwargs: object,
-) -> Pair:
+@register_adv_est("gpg", uses_groups=True)
+def compute_gpg_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """GPG advantage:  A_i = alpha (s_i - mean_g) / f_norm,  alpha = B / max(#{i: s_i != 0}, 1).
 
     alpha rescales the batch gradient for samples with a zero score (as verl, which computes
@@ -277,10 +359,10 @@ def compute_gpg_outcome_advantage(
     tokens of every turn; masked (prompt, observation, padding) tokens get 0. Sources: Chu et
     al. 2025, arXiv:2504.02546; verl `compute_gpg_outcome_advantage`.
     """
-    scores = _scores(token_level_rewards)
-    mean, _ = group_mean_std(scores, index, num_groups)
+    scores = _scores(inputs.token_level_rewards)  # [B]
+    mean, _ = group_mean_std(scores, inputs.group_ids, inputs.num_groups)
     alpha = scores.shape[0] / jnp.maximum(jnp.sum(scores != 0), 1)
-    adv = _broadcast(alpha * (scores - mean) / f_norm, response_mask)
+    adv = _broadcast(alpha * (scores - mean) / params.f_norm, inputs.response_mask)  # [B, T]
     return adv, adv
 
 
@@ -319,12 +401,7 @@ def discounted_returns(token_level_rewards: ArrayLike, response_mask: ArrayLike,
 
 
 @register_adv_est("reinforce_plus_plus")
-def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: ArrayLike,
-    response_mask: ArrayLike,
-    gamma: float = 1.0,
-    **kwargs: object,
-) -> Pair:
+def compute_reinforce_plus_plus_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """REINFORCE++:  A = masked_whiten(G) * m, with G the discounted return (batch whitening
     over the sampled tokens).
 
@@ -335,19 +412,13 @@ def compute_reinforce_plus_plus_outcome_advantage(
     agree. Sources: Hu 2025, arXiv:2501.03262; verl
     `compute_reinforce_plus_plus_outcome_advantage`.
     """
-    mask = as_float(response_mask).astype(jnp.float32)
-    returns = discounted_returns(token_level_rewards, mask, gamma)
+    mask = as_float(inputs.response_mask).astype(jnp.float32)  # [B, T]
+    returns = discounted_returns(inputs.token_level_rewards, mask, params.gamma)  # [B, T]
     return masked_whiten(returns, mask) * mask, returns
 
 
-@register_adv_est("reinforce_plus_plus_baseline")
-def compute_reinforce_plus_plus_baseline_outcome_advantage(
-    token_level_rewards: ArrayLike,
-    response_mask: ArrayLike,
-    index: ArrayLike,
-    num_groups: int | None = None,
-    **kwargs: object,
-) -> Pair:
+@register_adv_est("reinforce_plus_plus_baseline", uses_groups=True)
+def compute_reinforce_plus_plus_baseline_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """REINFORCE++-baseline:  A = masked_whiten((s_i - mean_g) m) * m  (group mean, then
     batch whitening over the sampled tokens; no discount, gamma is not used, as verl).
 
@@ -356,20 +427,15 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     Sources: Hu 2025, arXiv:2501.03262; verl
     `compute_reinforce_plus_plus_baseline_outcome_advantage`.
     """
-    mask = as_float(response_mask).astype(jnp.float32)
-    scores = _scores(token_level_rewards)
-    mean, _ = group_mean_std(scores, index, num_groups)
-    adv = masked_whiten(_broadcast(scores - mean, mask), mask) * mask
+    mask = as_float(inputs.response_mask).astype(jnp.float32)  # [B, T]
+    scores = _scores(inputs.token_level_rewards)  # [B]
+    mean, _ = group_mean_std(scores, inputs.group_ids, inputs.num_groups)
+    adv = masked_whiten(_broadcast(scores - mean, mask), mask) * mask  # [B, T]
     return adv, adv
 
 
-@register_adv_est("remax")
-def compute_remax_outcome_advantage(
-    token_level_rewards: ArrayLike,
-    reward_baselines: ArrayLike,
-    response_mask: ArrayLike,
-    **kwargs: object,
-) -> Pair:
+@register_adv_est("remax", needs_greedy_baseline=True)
+def compute_remax_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """ReMax:  G_t = m_t sum_{t' >= t} m r,  A_t = (G_t - b) m_t  with b the reward of the
     greedy response (`reward_baselines` [B]); undiscounted.
 
@@ -379,14 +445,18 @@ def compute_remax_outcome_advantage(
     masked positions; the losses mask them, so only those unused entries differ. Sources:
     Li et al. 2023, arXiv:2310.10505; verl `compute_remax_outcome_advantage`.
     """
-    mask = as_float(response_mask).astype(jnp.float32)
-    rewards = as_float(token_level_rewards).astype(jnp.float32) * mask
-    returns = jnp.flip(jnp.cumsum(jnp.flip(rewards, -1), axis=-1), -1) * mask
-    adv = returns - as_float(reward_baselines).astype(jnp.float32)[:, None] * mask
+    mask = as_float(inputs.response_mask).astype(jnp.float32)  # [B, T]
+    rewards = as_float(inputs.token_level_rewards).astype(jnp.float32) * mask  # [B, T]
+    returns = jnp.flip(jnp.cumsum(jnp.flip(rewards, -1), axis=-1), -1) * mask  # [B, T]
+    adv = returns - as_float(inputs.reward_baselines).astype(jnp.float32)[:, None] * mask
     return adv, returns
 
 
 __all__ = [
+    "AdvantageEstimator",
+    "AdvantageInputs",
+    "AdvantageParams",
+    "compute_advantages",
     "compute_dr_grpo_outcome_advantage",
     "compute_gae_advantage_return",
     "compute_gpg_outcome_advantage",
@@ -401,4 +471,5 @@ __all__ = [
     "group_count",
     "group_mean_std",
     "group_sum",
+    "register_adv_est",
 ]

@@ -1,23 +1,30 @@
 """Policy-gradient losses of RL post-training, registered by name (verl's `loss_mode`).
 
-Every loss has verl's signature
+A loss is written as its core formula, per token:
+
+    core(old_log_prob, log_prob, advantages, response_mask, config, key) -> ([B, T] losses, metrics)
+
+and `register_policy_loss` turns it into the public function with verl's signature
 
     fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
        rollout_is_weights=None, *, key=None, global_denominator=None, return_terms=False)
        -> (pg_loss, metrics)
 
-where all arrays are [B, T] and aligned with `input_ids` (entry t is about token t, see
-`rljax.algos.logprobs.token_log_probs`), `config` is any object or mapping with verl's
-actor fields (`clip_ratio`, `clip_ratio_low`, `clip_ratio_high`, `clip_ratio_c`,
-`loss_scale_factor`, and `policy_loss.clip_cov_ratio` etc.; `PolicyLossConfig` is a
-ready-made one, and it is the default), `rollout_is_weights` are per-token importance
-weights (rollout correction) multiplied into the per-token loss as constants.
+which does what every loss shares: it multiplies the per-token losses by the rollout IS
+weights (rollout correction; constants, no gradient), aggregates them (`agg_loss_terms`),
+honours `global_denominator` / `return_terms` and records `actor/pg_loss`. All arrays are
+[B, T] and aligned with `input_ids` (entry t is about token t, see
+`rljax.algos.logprobs.token_log_probs`); `config` is a `PolicyLossConfig` (None: its
+defaults). With `return_terms=True` the first result is an `AggTerms(numerator,
+denominator)` instead of the scalar (see `rljax.algos.aggregation` for the micro-batch
+protocol); with `global_denominator=D` it is numerator / D. Metrics are jnp scalars named
+as in verl (`actor/pg_loss`, `actor/pg_clipfrac`, `actor/pg_clipfrac_lower`,
+`actor/ppo_kl`), means over this (micro-)batch. `loss_agg_mode` and `config` are static.
 
-With `return_terms=True` the first result is an `AggTerms(numerator, denominator)` instead
-of the scalar (see `rljax.algos.aggregation` for the micro-batch protocol); with
-`global_denominator=D` it is numerator / D. Metrics are jnp scalars named as in verl
-(`actor/pg_loss`, `actor/pg_clipfrac`, `actor/pg_clipfrac_lower`, `actor/ppo_kl`); they
-are means over this (micro-)batch. `loss_agg_mode` and `config` are static (Python values).
+A loss declares how it is aggregated: by the caller's `loss_agg_mode` (most), or by a
+fixed mode of its paper (GSPO, GMPO). Its denominator therefore follows from the mask
+alone: `PolicyLoss.denominator` (and `rljax.algos.registry.loss_denominator`) computes the
+global one without evaluating the loss.
 
 Log-ratios log pi - log pi_old are clamped to [-20, 20] before `exp` where verl does so
 (vanilla, CISPO); GSPO clamps its sequence log-ratio at 10, as verl.
@@ -25,7 +32,7 @@ Log-ratios log pi - log pi_old are clamped to [-20, 20] before `exp` where verl 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,14 +40,16 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from rljax.algos.aggregation import AggTerms, agg_loss_terms, finish_loss
+from rljax.algos.aggregation import AggTerms, agg_denominator, agg_loss_terms, finish_loss
 from rljax.algos.masked import as_float, masked_mean, masked_sum
-from rljax.algos.registry import get_policy_loss_fn, register_policy_loss
+from rljax.algos.registry import POLICY_LOSS_REGISTRY, get_policy_loss_fn
 
 Metrics = dict[str, jax.Array]
 LossOut = tuple[jax.Array | AggTerms, Metrics]
+TokenLosses = tuple[jax.Array, Metrics]  # ([B, T] per-token losses, metrics)
 
 LOG_RATIO_CLAMP = 20.0  # verl clamps negative_approx_kl to [-20, 20] before exp
+sg = jax.lax.stop_gradient
 
 
 @dataclass(frozen=True)
@@ -58,73 +67,116 @@ class PolicyLossConfig:
     kl_cov_ratio: float = 0.0002
     ppo_kl_coef: float = 1.0
 
+    @classmethod
+    def of(cls, config: PolicyLossConfig | Mapping[str, Any] | None) -> PolicyLossConfig:
+        """`config` as a `PolicyLossConfig`: None gives the defaults, a mapping names fields
+        (an unknown name is a `TypeError`, not silently ignored)."""
+        if config is None:
+            return cls()
+        if isinstance(config, Mapping):
+            return cls(**config)
+        if isinstance(config, cls):
+            return config
+        raise TypeError(f"a policy loss config is a PolicyLossConfig, a mapping or None, got {type(config).__name__}")
 
-def _lookup(source: Any, name: str) -> Any:
-    if source is None:
-        return None
-    if isinstance(source, Mapping):
-        return source.get(name)
-    return getattr(source, name, None)
-
-
-def config_value(config: Any, name: str, default: Any = None) -> Any:
-    """`config.name`, else `config.policy_loss.name` (verl nests some keys), else `default`,
-    else the `PolicyLossConfig` default. A `None` value counts as unset."""
-    config = PolicyLossConfig() if config is None else config
-    for source in (config, _lookup(config, "policy_loss")):
-        value = _lookup(source, name)
-        if value is not None:
-            return value
-    return getattr(PolicyLossConfig, name, default) if default is None else default
+    def clip_bounds(self) -> tuple[float, float]:
+        """(clip_ratio_low, clip_ratio_high), each defaulting to `clip_ratio` (verl)."""
+        low, high = self.clip_ratio_low, self.clip_ratio_high
+        return (self.clip_ratio if low is None else low), (self.clip_ratio if high is None else high)
 
 
-def clip_ratios(config: Any) -> tuple[float, float]:
-    """(clip_ratio_low, clip_ratio_high), each defaulting to `clip_ratio` (verl)."""
-    clip_ratio = config_value(config, "clip_ratio")
-    low = config_value(config, "clip_ratio_low")
-    high = config_value(config, "clip_ratio_high")
-    return (clip_ratio if low is None else low), (clip_ratio if high is None else high)
+# --------------------------------------------------------------------------- registration
+
+Core = Callable[[jax.Array, jax.Array, jax.Array, ArrayLike, PolicyLossConfig, jax.Array | None], TokenLosses]
+WeightsFn = Callable[[jax.Array, ArrayLike], jax.Array]  # (IS weights [B, T], mask [B, T]) -> factors [B, T]
 
 
-def _arrays(*xs: ArrayLike) -> list[jax.Array]:
-    return [as_float(x) for x in xs]
+def per_token_weights(weights: jax.Array, response_mask: ArrayLike) -> jax.Array:
+    """Each token's loss is multiplied by its own IS weight (every loss but GMPO)."""
+    return weights
 
 
-def _finish(
-    pg_losses: jax.Array,
-    response_mask: ArrayLike,
-    loss_agg_mode: str,
-    config: Any,
-    rollout_is_weights: ArrayLike | None,
-    global_denominator: ArrayLike | None,
-    return_terms: bool,
-    metrics: Metrics,
-) -> LossOut:
-    """Weight by rollout IS weights, aggregate, and record `actor/pg_loss`."""
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * jax.lax.stop_gradient(as_float(rollout_is_weights))
-    terms = agg_loss_terms(
-        pg_losses, response_mask, loss_agg_mode, loss_scale_factor=config_value(config, "loss_scale_factor")
-    )
-    out = finish_loss(terms, global_denominator, return_terms)
-    metrics["actor/pg_loss"] = jax.lax.stop_gradient(terms.value if return_terms else out)
-    return out, metrics
+def sequence_geometric_mean_weights(weights: jax.Array, response_mask: ArrayLike) -> jax.Array:
+    """[B, T]: the geometric mean of a sequence's IS weights over its tokens, on every token
+    (GMPO weighs a sequence's loss, as verl)."""
+    mask = as_float(response_mask)
+    lengths = jnp.sum(mask, axis=-1)  # [B]
+    log_w = jnp.log(weights + 1e-10)  # [B, T]
+    seq_weights = jnp.exp(masked_sum(log_w, mask, axis=-1) / (lengths + 1e-8))  # [B]
+    return jnp.broadcast_to(seq_weights[:, None], weights.shape)
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered policy loss: its core formula, how it is aggregated (hence how its
+    denominator is counted), and the public verl-compatible function built from them."""
+
+    name: str
+    core: Core
+    fixed_agg_mode: str | None  # the paper's aggregation, whatever the caller asks (GSPO, GMPO); None: the caller's
+    is_weights: WeightsFn  # how rollout IS weights enter the per-token losses
+    fn: Callable[..., LossOut]
+
+    def agg_mode(self, loss_agg_mode: str) -> str:
+        """The mode this loss aggregates with when the caller asks for `loss_agg_mode`."""
+        return self.fixed_agg_mode or loss_agg_mode
+
+    def denominator(self, response_mask: ArrayLike, loss_agg_mode: str) -> jax.Array:
+        """The loss's denominator, counted from the mask alone (the mini-batch's mask gives
+        the global denominator); equal to the one `return_terms=True` gives."""
+        return agg_denominator(response_mask, self.agg_mode(loss_agg_mode))
+
+
+def register_policy_loss(
+    name: str,
+    *,
+    default_agg_mode: str = "token-mean",
+    fixed_agg_mode: str | None = None,
+    is_weights: WeightsFn = per_token_weights,
+) -> Callable[[Core], Callable[..., LossOut]]:
+    """Decorator: register `core` as the policy loss `name` and return its public function
+    (see the module docstring), which carries the core's name and docstring."""
+
+    def decorator(core: Core) -> Callable[..., LossOut]:
+        def loss_fn(
+            old_log_prob: ArrayLike,
+            log_prob: ArrayLike,
+            advantages: ArrayLike,
+            response_mask: ArrayLike,
+            loss_agg_mode: str = fixed_agg_mode or default_agg_mode,
+            config: PolicyLossConfig | Mapping[str, Any] | None = None,
+            rollout_is_weights: ArrayLike | None = None,
+            *,
+            key: jax.Array | None = None,
+            global_denominator: ArrayLike | None = None,
+            return_terms: bool = False,
+        ) -> LossOut:
+            config = PolicyLossConfig.of(config)
+            old_log_prob, log_prob, advantages = as_float(old_log_prob), as_float(log_prob), as_float(advantages)
+            pg_losses, metrics = core(old_log_prob, log_prob, advantages, response_mask, config, key)  # [B, T]
+            if rollout_is_weights is not None:
+                pg_losses = pg_losses * is_weights(sg(as_float(rollout_is_weights)), response_mask)
+            terms = agg_loss_terms(pg_losses, response_mask, fixed_agg_mode or loss_agg_mode, config.loss_scale_factor)
+            out = finish_loss(terms, global_denominator, return_terms)
+            metrics["actor/pg_loss"] = sg(terms.value if return_terms else out)
+            return out, metrics
+
+        loss_fn.__name__ = loss_fn.__qualname__ = core.__name__
+        loss_fn.__doc__ = core.__doc__
+        POLICY_LOSS_REGISTRY.add(PolicyLoss(name, core, fixed_agg_mode, is_weights, loss_fn), name)
+        return loss_fn
+
+    return decorator
+
+
+# --------------------------------------------------------------------------- the losses
 
 
 @register_policy_loss("vanilla")
 def compute_policy_loss_vanilla(
-    old_log_prob: ArrayLike,
-    log_prob: ArrayLike,
-    advantages: ArrayLike,
-    response_mask: ArrayLike,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: ArrayLike | None = None,
-    *,
-    key: jax.Array | None = None,
-    global_denominator: ArrayLike | None = None,
-    return_terms: bool = False,
-) -> LossOut:
+    old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
+    config: PolicyLossConfig, key: jax.Array | None,
+) -> TokenLosses:  # fmt: skip
     """PPO clipped surrogate with asymmetric clipping and dual-clip.
 
         r     = exp(clamp(log pi - log pi_old, -20, 20))
@@ -138,46 +190,33 @@ def compute_policy_loss_vanilla(
     clipped term is the larger; pg_clipfrac_lower = fraction where the dual clip binds;
     ppo_kl = mean(log pi_old - log pi).
     """
-    old_log_prob, log_prob, advantages = _arrays(old_log_prob, log_prob, advantages)
-    clip_low, clip_high = clip_ratios(config)
-    clip_ratio_c = config_value(config, "clip_ratio_c")
+    clip_low, clip_high = config.clip_bounds()
+    clip_ratio_c = config.clip_ratio_c
     if not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c (dual-clip lower bound) must be > 1.0, got {clip_ratio_c}")
 
-    negative_approx_kl = jnp.clip(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    negative_approx_kl = jnp.clip(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [B, T]
     ratio = jnp.exp(negative_approx_kl)
     pg_losses1 = -advantages * ratio
     pg_losses2 = -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
     clip_pg_losses1 = jnp.maximum(pg_losses1, pg_losses2)
     pg_losses3 = -advantages * clip_ratio_c
     clip_pg_losses2 = jnp.minimum(pg_losses3, clip_pg_losses1)
-    pg_losses = jnp.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
+    pg_losses = jnp.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)  # [B, T]
 
-    sg = jax.lax.stop_gradient
     metrics = {
         "actor/pg_clipfrac": sg(masked_mean(pg_losses2 > pg_losses1, response_mask)),
         "actor/pg_clipfrac_lower": sg(masked_mean((clip_pg_losses1 > pg_losses3) & (advantages < 0), response_mask)),
         "actor/ppo_kl": sg(masked_mean(-negative_approx_kl, response_mask)),
     }
-    return _finish(
-        pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_denominator, return_terms, metrics
-    )
+    return pg_losses, metrics
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", fixed_agg_mode="seq-mean-token-mean")
 def compute_policy_loss_gspo(
-    old_log_prob: ArrayLike,
-    log_prob: ArrayLike,
-    advantages: ArrayLike,
-    response_mask: ArrayLike,
-    loss_agg_mode: str = "seq-mean-token-mean",
-    config: Any = None,
-    rollout_is_weights: ArrayLike | None = None,
-    *,
-    key: jax.Array | None = None,
-    global_denominator: ArrayLike | None = None,
-    return_terms: bool = False,
-) -> LossOut:
+    old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
+    config: PolicyLossConfig, key: jax.Array | None,
+) -> TokenLosses:  # fmt: skip
     """GSPO: clipped surrogate on the length-normalised *sequence* ratio (GSPO-token form).
 
         log s_i   = (1/|y_i|) sum_t m (log pi - log pi_old)              (sequence ratio)
@@ -189,105 +228,57 @@ def compute_policy_loss_gspo(
     do (the returned terms carry that mode's denominator). Sources: Zheng et al. 2025,
     "Group Sequence Policy Optimization", arXiv:2507.18071; verl `compute_policy_loss_gspo`.
     """
-    old_log_prob, log_prob, advantages = _arrays(old_log_prob, log_prob, advantages)
-    clip_low, clip_high = clip_ratios(config)
-    sg = jax.lax.stop_gradient
-
-    negative_approx_kl = log_prob - old_log_prob
-    seq_lengths = jnp.maximum(jnp.sum(as_float(response_mask), axis=-1), 1.0)
-    negative_approx_kl_seq = masked_sum(negative_approx_kl, response_mask, axis=-1) / seq_lengths
-    log_seq_ratio = log_prob - sg(log_prob) + sg(negative_approx_kl_seq)[:, None]
+    clip_low, clip_high = config.clip_bounds()
+    negative_approx_kl = log_prob - old_log_prob  # [B, T]
+    seq_lengths = jnp.maximum(jnp.sum(as_float(response_mask), axis=-1), 1.0)  # [B]
+    negative_approx_kl_seq = masked_sum(negative_approx_kl, response_mask, axis=-1) / seq_lengths  # [B]
+    log_seq_ratio = log_prob - sg(log_prob) + sg(negative_approx_kl_seq)[:, None]  # [B, T]
     seq_importance_ratio = jnp.exp(jnp.minimum(log_seq_ratio, 10.0))
 
     pg_losses1 = -advantages * seq_importance_ratio
     pg_losses2 = -advantages * jnp.clip(seq_importance_ratio, 1.0 - clip_low, 1.0 + clip_high)
-    pg_losses = jnp.maximum(pg_losses1, pg_losses2)
     metrics = {
         "actor/pg_clipfrac": sg(masked_mean(pg_losses2 > pg_losses1, response_mask)),
         "actor/pg_clipfrac_lower": jnp.zeros((), jnp.float32),
         "actor/ppo_kl": sg(masked_mean(-negative_approx_kl, response_mask)),
     }
-    return _finish(
-        pg_losses,
-        response_mask,
-        "seq-mean-token-mean",
-        config,
-        rollout_is_weights,
-        global_denominator,
-        return_terms,
-        metrics,
-    )
+    return jnp.maximum(pg_losses1, pg_losses2), metrics
 
 
 @register_policy_loss("gpg")
 def compute_policy_loss_gpg(
-    old_log_prob: ArrayLike,
-    log_prob: ArrayLike,
-    advantages: ArrayLike,
-    response_mask: ArrayLike,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: ArrayLike | None = None,
-    *,
-    key: jax.Array | None = None,
-    global_denominator: ArrayLike | None = None,
-    return_terms: bool = False,
-) -> LossOut:
+    old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
+    config: PolicyLossConfig, key: jax.Array | None,
+) -> TokenLosses:  # fmt: skip
     """GPG: plain policy gradient, no ratio and no clipping:  L = -A log pi.
 
     Source: Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for
     Model Reasoning", arXiv:2504.02546; verl `compute_policy_loss_gpg`. (Its advantage,
     with the batch-level correction alpha, is the "gpg" advantage estimator.)
     """
-    log_prob, advantages = _arrays(log_prob, advantages)
-    pg_losses = -log_prob * advantages
-    return _finish(
-        pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_denominator, return_terms, {}
-    )
+    return -log_prob * advantages, {}
 
 
-@register_policy_loss("reinforce")
+@register_policy_loss("reinforce", default_agg_mode="seq-mean-token-sum")
 def compute_policy_loss_reinforce(
-    old_log_prob: ArrayLike,
-    log_prob: ArrayLike,
-    advantages: ArrayLike,
-    response_mask: ArrayLike,
-    loss_agg_mode: str = "seq-mean-token-sum",
-    config: Any = None,
-    rollout_is_weights: ArrayLike | None = None,
-    *,
-    key: jax.Array | None = None,
-    global_denominator: ArrayLike | None = None,
-    return_terms: bool = False,
-) -> LossOut:
+    old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
+    config: PolicyLossConfig, key: jax.Array | None,
+) -> TokenLosses:  # fmt: skip
     """REINFORCE:  L = -w A log pi, with w the (constant) rollout IS weight when given.
 
     `old_log_prob` (the behaviour / rollout policy) only feeds the `actor/ppo_kl` metric.
     Source: Williams 1992; verl `compute_policy_loss_reinforce` (its default aggregation
     "seq-mean-token-sum" is kept as this function's default).
     """
-    old_log_prob, log_prob, advantages = _arrays(old_log_prob, log_prob, advantages)
-    pg_losses = -advantages * log_prob
-    metrics = {"actor/ppo_kl": jax.lax.stop_gradient(masked_mean(old_log_prob - log_prob, response_mask))}
-    return _finish(
-        pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_denominator, return_terms, metrics
-    )
+    metrics = {"actor/ppo_kl": sg(masked_mean(old_log_prob - log_prob, response_mask))}
+    return -advantages * log_prob, metrics
 
 
 @register_policy_loss("cispo")
 def compute_policy_loss_cispo(
-    old_log_prob: ArrayLike,
-    log_prob: ArrayLike,
-    advantages: ArrayLike,
-    response_mask: ArrayLike,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: ArrayLike | None = None,
-    *,
-    key: jax.Array | None = None,
-    global_denominator: ArrayLike | None = None,
-    return_terms: bool = False,
-) -> LossOut:
+    old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
+    config: PolicyLossConfig, key: jax.Array | None,
+) -> TokenLosses:  # fmt: skip
     """CISPO: clipped, stop-gradient importance weight times the log-probability.
 
         r = exp(clamp(log pi - log pi_old, -20, 20))
@@ -297,21 +288,16 @@ def compute_policy_loss_cispo(
     (arXiv:2506.13585); verl `compute_policy_loss_cispo`. pg_clipfrac = fraction of tokens
     whose weight was clipped.
     """
-    old_log_prob, log_prob, advantages = _arrays(old_log_prob, log_prob, advantages)
-    clip_low, clip_high = clip_ratios(config)
-    sg = jax.lax.stop_gradient
-    negative_approx_kl = jnp.clip(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    clip_low, clip_high = config.clip_bounds()
+    negative_approx_kl = jnp.clip(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [B, T]
     ratio = jnp.exp(negative_approx_kl)
     clipped_ratio = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    pg_losses = -sg(clipped_ratio) * advantages * log_prob
     metrics = {
         "actor/pg_clipfrac": sg(masked_mean(ratio != clipped_ratio, response_mask)),
         "actor/pg_clipfrac_lower": jnp.zeros((), jnp.float32),
         "actor/ppo_kl": sg(masked_mean(-negative_approx_kl, response_mask)),
     }
-    return _finish(
-        pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_denominator, return_terms, metrics
-    )
+    return -sg(clipped_ratio) * advantages * log_prob, metrics
 
 
 def _rank_descending(priority: jax.Array) -> jax.Array:
@@ -333,27 +319,17 @@ def _count_fraction(n: jax.Array, fraction: float) -> jax.Array:
     return jnp.maximum(jnp.floor(n * fraction + 1e-6), 1.0)
 
 
-def _centered_product(advantages: jax.Array, log_prob: jax.Array, mask: jax.Array) -> jax.Array:
-    """(A - mean_m A)(log pi - mean_m log pi): the per-token covariance term (no gradient)."""
-    log_prob = jax.lax.stop_gradient(log_prob)
-    advantages = jax.lax.stop_gradient(advantages)
+def _centered_product(advantages: jax.Array, log_prob: jax.Array, mask: ArrayLike) -> jax.Array:
+    """[B, T] (A - mean_m A)(log pi - mean_m log pi): the per-token covariance term (no gradient)."""
+    log_prob, advantages = sg(log_prob), sg(advantages)
     return (advantages - masked_mean(advantages, mask)) * (log_prob - masked_mean(log_prob, mask))
 
 
 @register_policy_loss("clip_cov")
 def compute_policy_loss_clip_cov(
-    old_log_prob: ArrayLike,
-    log_prob: ArrayLike,
-    advantages: ArrayLike,
-    response_mask: ArrayLike,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: ArrayLike | None = None,
-    *,
-    key: jax.Array | None = None,
-    global_denominator: ArrayLike | None = None,
-    return_terms: bool = False,
-) -> LossOut:
+    old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
+    config: PolicyLossConfig, key: jax.Array | None,
+) -> TokenLosses:  # fmt: skip
     """Clip-Cov: PPO clip, plus detaching the gradient of a few high-covariance tokens.
 
         cov_t = (A_t - mean A)(log pi_t - mean log pi)           (masked means, no gradient)
@@ -370,53 +346,36 @@ def compute_policy_loss_clip_cov(
     Mechanism of Reinforcement Learning for Reasoning Language Models", arXiv:2505.22617;
     verl `compute_policy_loss_clip_cov`. pg_clipfrac = fraction of tokens with corr = 0.
     """
-    old_log_prob, log_prob, advantages = _arrays(old_log_prob, log_prob, advantages)
-    clip_low, clip_high = clip_ratios(config)
-    clip_cov_ratio = config_value(config, "clip_cov_ratio")
-    clip_cov_lb = config_value(config, "clip_cov_lb")
-    clip_cov_ub = config_value(config, "clip_cov_ub")
-    if not clip_cov_ratio > 0:
-        raise ValueError(f"clip_cov_ratio must be > 0, got {clip_cov_ratio}")
-    sg = jax.lax.stop_gradient
-    valid = jnp.asarray(response_mask) > 0
+    clip_low, clip_high = config.clip_bounds()
+    if not config.clip_cov_ratio > 0:
+        raise ValueError(f"clip_cov_ratio must be > 0, got {config.clip_cov_ratio}")
+    valid = jnp.asarray(response_mask) > 0  # [B, T]
 
-    negative_approx_kl = log_prob - old_log_prob
+    negative_approx_kl = log_prob - old_log_prob  # [B, T]
     ratio = jnp.exp(negative_approx_kl)
     pg_losses1 = -advantages * ratio
     pg_losses2 = -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
     clip_by_origin = (pg_losses2 > pg_losses1) & valid
 
-    cov = _centered_product(advantages, log_prob, response_mask)
-    candidates = valid & ~clip_by_origin & (cov > clip_cov_lb) & (cov < clip_cov_ub)
-    n_select = _count_fraction(jnp.sum(valid), clip_cov_ratio)
+    cov = _centered_product(advantages, log_prob, response_mask)  # [B, T]
+    candidates = valid & ~clip_by_origin & (cov > config.clip_cov_lb) & (cov < config.clip_cov_ub)
+    n_select = _count_fraction(jnp.sum(valid), config.clip_cov_ratio)
     priority = cov if key is None else jax.random.uniform(key, cov.shape)
-    detached = _select_top(candidates, priority, n_select)
+    detached = _select_top(candidates, priority, n_select)  # [B, T]
     corr = 1.0 - detached.astype(pg_losses1.dtype)
 
-    pg_losses = jnp.maximum(pg_losses1, pg_losses2) * corr
     metrics = {
         "actor/pg_clipfrac": sg(masked_mean(detached, response_mask)),
         "actor/ppo_kl": sg(masked_mean(-negative_approx_kl, response_mask)),
     }
-    return _finish(
-        pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_denominator, return_terms, metrics
-    )
+    return jnp.maximum(pg_losses1, pg_losses2) * corr, metrics
 
 
 @register_policy_loss("kl_cov")
 def compute_policy_loss_kl_cov(
-    old_log_prob: ArrayLike,
-    log_prob: ArrayLike,
-    advantages: ArrayLike,
-    response_mask: ArrayLike,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: ArrayLike | None = None,
-    *,
-    key: jax.Array | None = None,
-    global_denominator: ArrayLike | None = None,
-    return_terms: bool = False,
-) -> LossOut:
+    old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
+    config: PolicyLossConfig, key: jax.Array | None,
+) -> TokenLosses:  # fmt: skip
     """KL-Cov: unclipped surrogate, plus a |log-ratio| penalty on the top-covariance tokens.
 
         cov_t = (A_t - mean A)(log pi_t - mean log pi)           (masked means, no gradient)
@@ -429,42 +388,26 @@ def compute_policy_loss_kl_cov(
     verl. Source: Cui et al. 2025, arXiv:2505.22617; verl `compute_policy_loss_kl_cov`.
     Metric actor/ppo_kl is mean |log pi - log pi_old|, as verl.
     """
-    old_log_prob, log_prob, advantages = _arrays(old_log_prob, log_prob, advantages)
-    kl_cov_ratio = config_value(config, "kl_cov_ratio")
-    ppo_kl_coef = config_value(config, "ppo_kl_coef")
-    if not kl_cov_ratio > 0:
-        raise ValueError(f"kl_cov_ratio must be > 0, got {kl_cov_ratio}")
-    valid = jnp.asarray(response_mask) > 0
+    if not config.kl_cov_ratio > 0:
+        raise ValueError(f"kl_cov_ratio must be > 0, got {config.kl_cov_ratio}")
+    valid = jnp.asarray(response_mask) > 0  # [B, T]
 
-    negative_approx_kl = log_prob - old_log_prob
+    negative_approx_kl = log_prob - old_log_prob  # [B, T]
     abs_kl = jnp.abs(negative_approx_kl)
-    ratio = jnp.exp(negative_approx_kl)
-    pg_losses1 = -advantages * ratio
-    pg_losses_kl = pg_losses1 + ppo_kl_coef * abs_kl
+    pg_losses1 = -advantages * jnp.exp(negative_approx_kl)
+    pg_losses_kl = pg_losses1 + config.ppo_kl_coef * abs_kl
 
-    cov = _centered_product(advantages, log_prob, response_mask)
-    top = _select_top(valid, cov, _count_fraction(jnp.sum(valid), kl_cov_ratio))
-    pg_losses = jnp.where(top, pg_losses_kl, pg_losses1)
-    metrics = {"actor/ppo_kl": jax.lax.stop_gradient(masked_mean(abs_kl, response_mask))}
-    return _finish(
-        pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights, global_denominator, return_terms, metrics
-    )
+    cov = _centered_product(advantages, log_prob, response_mask)  # [B, T]
+    top = _select_top(valid, cov, _count_fraction(jnp.sum(valid), config.kl_cov_ratio))
+    metrics = {"actor/ppo_kl": sg(masked_mean(abs_kl, response_mask))}
+    return jnp.where(top, pg_losses_kl, pg_losses1), metrics
 
 
-@register_policy_loss("geo_mean")
+@register_policy_loss("geo_mean", fixed_agg_mode="seq-mean-token-mean", is_weights=sequence_geometric_mean_weights)
 def compute_policy_loss_geo_mean(
-    old_log_prob: ArrayLike,
-    log_prob: ArrayLike,
-    advantages: ArrayLike,
-    response_mask: ArrayLike,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: ArrayLike | None = None,
-    *,
-    key: jax.Array | None = None,
-    global_denominator: ArrayLike | None = None,
-    return_terms: bool = False,
-) -> LossOut:
+    old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
+    config: PolicyLossConfig, key: jax.Array | None,
+) -> TokenLosses:  # fmt: skip
     """GMPO: clipped *geometric mean* of token ratios, one loss per sequence.
 
         d_t   = log pi_t - log pi_old,t
@@ -474,40 +417,33 @@ def compute_policy_loss_geo_mean(
         L_i   = -A_i rho_i  [* geometric mean of rollout_is_weights over the sequence]
         loss  = mean over sequences with a nonzero mask
 
-    `loss_agg_mode` is ignored (the loss is per sequence), as in verl. The clip bounds act on
-    the log-ratio. verl averages over all B rows; rows with an empty mask have L_i = 0 and
-    are left out of the count here, as in every "seq-mean" mode. Source: Zhao et al. 2025,
-    "Geometric-Mean Policy Optimization", arXiv:2507.20673; verl `compute_policy_loss_geo_mean`.
+    L_i is put on every token of sequence i and aggregated with "seq-mean-token-mean",
+    which gives exactly the mean of L_i over sequences; `loss_agg_mode` is ignored (the
+    loss is per sequence), as in verl. The clip bounds act on the log-ratio. verl averages
+    over all B rows; rows with an empty mask have L_i = 0 and are left out of the count
+    here, as in every "seq-mean" mode. Source: Zhao et al. 2025, "Geometric-Mean Policy
+    Optimization", arXiv:2507.20673; verl `compute_policy_loss_geo_mean`.
     """
-    old_log_prob, log_prob, advantages = _arrays(old_log_prob, log_prob, advantages)
-    clip_low, clip_high = clip_ratios(config)
-    sg = jax.lax.stop_gradient
+    clip_low, clip_high = config.clip_bounds()
     mask = as_float(response_mask)
 
-    negative_approx_kl = log_prob - old_log_prob
+    negative_approx_kl = log_prob - old_log_prob  # [B, T]
     sign = jnp.sign(advantages)
     negative_approx_kl_clamp = jnp.clip(negative_approx_kl, -clip_low, clip_high)
     negative_approx_kl_min = sign * jnp.minimum(sign * negative_approx_kl, sign * negative_approx_kl_clamp)
 
-    lengths = jnp.sum(mask, axis=-1)
-    seq_ratio = jnp.exp(masked_sum(negative_approx_kl_min, mask, axis=-1) / (lengths + 1e-8))
-    seq_advantage = masked_sum(advantages, mask, axis=-1) / (lengths + 1e-8)
-    seq_losses = -seq_advantage * seq_ratio
-    if rollout_is_weights is not None:
-        log_w = jnp.log(sg(as_float(rollout_is_weights)) + 1e-10)
-        seq_losses = seq_losses * jnp.exp(masked_sum(log_w, mask, axis=-1) / (lengths + 1e-8))
+    lengths = jnp.sum(mask, axis=-1)  # [B]
+    seq_ratio = jnp.exp(masked_sum(negative_approx_kl_min, mask, axis=-1) / (lengths + 1e-8))  # [B]
+    seq_advantage = masked_sum(advantages, mask, axis=-1) / (lengths + 1e-8)  # [B]
+    seq_losses = -seq_advantage * seq_ratio  # [B]
 
-    seq_valid = (lengths > 0).astype(seq_losses.dtype)
-    terms = AggTerms(jnp.sum(seq_losses * seq_valid), jnp.sum(seq_valid))
-    out = finish_loss(terms, global_denominator, return_terms)
-    clipped = negative_approx_kl != negative_approx_kl_clamp
+    clipped = negative_approx_kl != negative_approx_kl_clamp  # [B, T]
     metrics = {
-        "actor/pg_loss": sg(terms.value if return_terms else out),
         "actor/pg_clipfrac": sg(masked_mean(clipped & (advantages > 0), mask)),
         "actor/pg_clipfrac_lower": sg(masked_mean(clipped & (advantages < 0), mask)),
         "actor/ppo_kl": sg(masked_mean(-negative_approx_kl, mask)),
     }
-    return out, metrics
+    return jnp.broadcast_to(seq_losses[:, None], mask.shape), metrics
 
 
 def compute_policy_loss(loss_mode: str, *args: Any, **kwargs: Any) -> LossOut:
@@ -516,8 +452,8 @@ def compute_policy_loss(loss_mode: str, *args: Any, **kwargs: Any) -> LossOut:
 
 
 __all__ = [
+    "PolicyLoss",
     "PolicyLossConfig",
-    "clip_ratios",
     "compute_policy_loss",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
@@ -527,5 +463,7 @@ __all__ = [
     "compute_policy_loss_kl_cov",
     "compute_policy_loss_reinforce",
     "compute_policy_loss_vanilla",
-    "config_value",
+    "per_token_weights",
+    "register_policy_loss",
+    "sequence_geometric_mean_weights",
 ]

@@ -30,7 +30,8 @@ from rljax.algos.aggregation import AggTerms, agg_denominator, agg_loss_terms
 from rljax.algos.kl import FULL_KL, kl_from_hidden, kl_penalty
 from rljax.algos.logprobs import log_probs_from_hidden
 from rljax.algos.masked import masked_mean, safe_divide
-from rljax.algos.policy_loss import PolicyLossConfig, compute_policy_loss
+from rljax.algos.policy_loss import PolicyLossConfig
+from rljax.algos.registry import get_policy_loss_fn, loss_denominator
 from rljax.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
 from rljax.algos.value import compute_value_loss
 from rljax.rl.config import ActorConfig, CriticConfig, RolloutCorrectionSection
@@ -39,6 +40,7 @@ sg = jax.lax.stop_gradient
 
 
 def policy_loss_config(actor: ActorConfig) -> PolicyLossConfig:
+    """The policy losses' knobs of an actor config (the one place that builds them)."""
     p = actor.policy_loss
     return PolicyLossConfig(
         clip_ratio=actor.clip_ratio, clip_ratio_low=actor.clip_ratio_low, clip_ratio_high=actor.clip_ratio_high,
@@ -91,19 +93,15 @@ def actor_objective(actor: ActorConfig, temperature: float,
     correction = correction or RolloutCorrectionSection()
     mode = actor.loss_agg_mode
     loss_mode = effective_loss_mode(actor, correction)
+    loss_fn = get_policy_loss_fn(loss_mode)
     config = policy_loss_config(actor)
     bypass = correction.bypass_mode
 
     def totals(batch):
-        """Global denominators of the mini-batch. They depend on masks (and advantages) only:
-        the policy loss evaluated at log pi = log pi_old reads its own denominator off
-        without a model (with key=None; Clip-Cov's selection, random or not, only zeroes
-        token losses and never changes a denominator)."""
-        old = batch["old_log_probs"]
-        pg, _ = compute_policy_loss(loss_mode, old, old, batch["advantages"], batch["response_mask"], mode, config,
-                                    None, key=None, return_terms=True)
+        """Global denominators of the mini-batch, counted from its mask alone: the policy
+        loss's as it declares (its fixed mode, or `loss_agg_mode`), and `loss_agg_mode`'s."""
         return {
-            "pg": pg.denominator,
+            "pg": loss_denominator(loss_mode, batch["response_mask"], mode),
             "agg": agg_denominator(batch["response_mask"], mode),
             "rows": jnp.asarray(batch["input_ids"].shape[0], jnp.float32),
         }
@@ -125,9 +123,8 @@ def actor_objective(actor: ActorConfig, temperature: float,
         log_prob, entropy = log_probs_from_hidden(hidden, model.unembedding(), batch["input_ids"],
                                                   temperature=temperature, compute_entropy=True)
         weights, pg_mask, metrics = pg_weights_and_mask(batch, log_prob)
-        pg, pg_metrics = compute_policy_loss(
-            loss_mode, batch["old_log_probs"], log_prob, batch["advantages"], pg_mask, mode, config, weights,
-            key=key, global_denominator=totals["pg"])
+        pg, pg_metrics = loss_fn(batch["old_log_probs"], log_prob, batch["advantages"], pg_mask, mode, config,
+                                 weights, key=key, global_denominator=totals["pg"])
         metrics.update(pg_metrics)
         rows = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
         # a term's share of the mini-batch value, as a metric: the step weighs metrics by `rows`

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from rljax.algos import (
     ADV_ESTIMATOR_REGISTRY,
+    AdvantageInputs,
+    compute_advantages,
     compute_dr_grpo_outcome_advantage,
     compute_gae_advantage_return,
     compute_gpg_outcome_advantage,
@@ -22,6 +24,7 @@ from rljax.algos import (
     compute_reinforce_plus_plus_outcome_advantage,
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
+    get_adv_estimator,
     get_adv_estimator_fn,
     masked_mean,
     masked_var,
@@ -275,3 +278,52 @@ def test_every_estimator_jits_with_one_superset_of_kwargs(name):
     adv, ret = jax.jit(lambda kw: fn(**kw, gamma=0.99, lam=0.95, epsilon=1e-6, norm_adv_by_std_in_grpo=True))(kwargs)
     assert adv.shape == ret.shape == (6, 4) and adv.dtype == jnp.float32
     assert np.all(np.isfinite(np.asarray(adv)))
+
+
+# ---------------------------------------------------------------- specs and typed inputs
+def test_estimator_specs_declare_what_they_need():
+    registry = ADV_ESTIMATOR_REGISTRY
+    flags = {name: (s.needs_critic, s.needs_greedy_baseline, s.uses_groups) for name, s in registry.items()}
+    assert flags["gae"] == (True, False, False)
+    assert flags["remax"] == (False, True, False)
+    assert flags["grpo"] == (False, False, True)
+    assert [n for n, (critic, _, _) in flags.items() if critic] == ["gae"]
+    assert [n for n, (_, greedy, _) in flags.items() if greedy] == ["remax"]
+    assert {n for n, s in ADV_ESTIMATOR_REGISTRY.items() if s.min_group_size > 1} == {"grpo", "dr_grpo", "grpo_passk"}
+    assert get_adv_estimator("grpo").fn is compute_grpo_outcome_advantage
+
+
+def test_a_misspelt_or_missing_keyword_is_an_error():
+    r, m = outcome([1.0, 0.0]), np.ones((2, 3), np.float32)
+    with pytest.raises(TypeError, match="gama"):
+        compute_gae_advantage_return(r, np.zeros_like(r), m, gama=0.9)
+    with pytest.raises(TypeError, match="norm_adv_by_std"):
+        get_adv_estimator_fn("grpo")(token_level_rewards=r, response_mask=m, index=np.array([0, 0]),
+                                     norm_adv_by_std=False)  # fmt: skip
+    with pytest.raises(TypeError, match="index"):
+        compute_grpo_outcome_advantage(r, m)
+    with pytest.raises(ValueError, match="group_ids"):
+        compute_advantages("grpo", AdvantageInputs(r, m))
+    with pytest.raises(ValueError, match="values"):
+        compute_advantages("gae", AdvantageInputs(r, m, group_ids=np.array([0, 0])))
+
+
+def test_compute_advantages_is_the_keyword_function():
+    rng = np.random.default_rng(3)
+    r, m = outcome(rng.normal(size=4), 4), (rng.random((4, 4)) > 0.3).astype(np.float32)
+    v, index = rng.normal(size=(4, 4)).astype(np.float32), np.array([0, 0, 1, 1])
+    inputs = AdvantageInputs(r, m, values=v, group_ids=index)
+
+    @jax.jit
+    def both(r, m, v, index):
+        inputs = AdvantageInputs(r, m, values=v, group_ids=index)
+        return (compute_advantages("gae", inputs, gamma=0.9, lam=0.8),
+                compute_gae_advantage_return(r, v, m, gamma=0.9, lam=0.8),
+                compute_advantages(get_adv_estimator("grpo"), inputs, norm_adv_by_std_in_grpo=False),
+                compute_dr_grpo_outcome_advantage(r, m, index))  # fmt: skip
+
+    gae, gae_kw, grpo, dr_grpo = both(r, m, v, index)
+    for x, y in ((gae, gae_kw), (grpo, dr_grpo)):
+        _close(x[0], y[0])
+        _close(x[1], y[1])
+    assert inputs.num_groups is None

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rljax.algos import (
+    LOSS_AGG_MODES,
     POLICY_LOSS_REGISTRY,
     PolicyLossConfig,
     add_terms,
@@ -22,7 +23,9 @@ from rljax.algos import (
     compute_policy_loss_kl_cov,
     compute_policy_loss_reinforce,
     compute_policy_loss_vanilla,
+    get_policy_loss,
     get_policy_loss_fn,
+    loss_denominator,
 )
 
 CFG = PolicyLossConfig(clip_ratio=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)  # clip to [0.8, 1.28]
@@ -282,3 +285,39 @@ def test_jit_grad_and_terms_every_loss(name):
         # with batch statistics, so they are not additive over micro-batches, as in verl.)
         assert float(summed.value) == pytest.approx(float(whole.value), rel=1e-5, abs=1e-6)
         assert float(summed.denominator) == pytest.approx(float(whole.denominator))
+
+
+# ---------------------------------------------------------------- declared denominators
+@functools.cache
+def _terms_fn(name, mode):
+    return jax.jit(lambda *a: get_policy_loss_fn(name)(*a, mode, CFG, return_terms=True)[0])
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("name", sorted(POLICY_LOSS_REGISTRY))
+def test_declared_denominator_is_the_one_the_terms_carry(name, mode):
+    # counted from the mask alone (no loss evaluated): the trainer's global denominator
+    rng = np.random.default_rng(1)
+    old = rng.normal(-1.0, 0.3, (5, 6)).astype(np.float32)
+    logp = old + rng.normal(0, 0.2, (5, 6)).astype(np.float32)
+    adv = rng.normal(size=(5, 6)).astype(np.float32)
+    mask = (rng.random((5, 6)) > 0.4).astype(np.float32)
+    mask[2] = 0.0  # an empty row: not a sequence of any "seq-mean" mode
+    terms = _terms_fn(name, mode)(old, logp, adv, mask)
+    assert float(loss_denominator(name, mask, mode)) == float(terms.denominator)
+
+
+def test_gspo_and_gmpo_declare_their_fixed_mode():
+    for name, spec in POLICY_LOSS_REGISTRY.items():
+        fixed = "seq-mean-token-mean" if name in ("gspo", "geo_mean") else None
+        assert spec.fixed_agg_mode == fixed, name
+    assert get_policy_loss("gspo").agg_mode("token-mean") == "seq-mean-token-mean"
+    assert get_policy_loss("vanilla").agg_mode("seq-mean-token-sum") == "seq-mean-token-sum"
+
+
+def test_config_is_typed():
+    # None gives the defaults; a misspelt field of a mapping is an error, not a silent default
+    assert PolicyLossConfig.of(None) == PolicyLossConfig()
+    assert PolicyLossConfig.of({"clip_ratio_high": 0.28}).clip_bounds() == (0.2, 0.28)
+    with pytest.raises(TypeError, match="clip_ratoi"):
+        compute_policy_loss_vanilla(OLD, LOGP, ADV, MASK, config={"clip_ratoi": 0.1})
