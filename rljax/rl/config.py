@@ -8,9 +8,11 @@ A verl recipe ports key by key: `data.train_batch_size` (prompts per step),
 Sizes in prompts are multiplied by `rollout.n` to get rows, as in verl.
 
 Every value is checked when the config is loaded (`rljax.config.check_config`): numeric
-ranges from the field types (`PositiveInt`, `UnitFloat`, ...), registry names (loss_agg_mode,
-adv_estimator, loss_mode, KL types and controllers) with the valid names listed, and the
-sizes that must divide (`RLConfig.check`). `rljax.config.validate(cfg, num_devices)` adds
+ranges from the field types (`PositiveInt`, `UnitFloat`, ...), closed sets as `Literal`s
+(`algorithm.kl_ctrl.type`, `reward.mode`, ...), registry names (loss_agg_mode,
+adv_estimator, loss_mode, KL types) with the valid names listed, the `agent:` section
+(`rljax.agent.AgentConfig`, null for single-turn) and the sizes that must divide
+(`RLConfig.check`). `rljax.config.validate(cfg, num_devices)` adds
 the checks that need the machine (`RLConfig.check_run`: the device count, the resume
 checkpoint): call it before building anything.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rljax.agent.config import AgentConfig
+from rljax.algos.kl import FULL_KL
 from rljax.config import ConfigError, FieldError, NonNegFloat, PositiveInt
 from rljax.data.config import DataConfig
 from rljax.parallel import MeshConfig
@@ -41,7 +44,7 @@ from rljax.rl.reward_config import (
     RewardModelSection,
     VerifierSection,
 )
-from rljax.rl.rollout_config import RolloutConfig, ValKwargs
+from rljax.rl.rollout_config import RolloutConfig, TopK, ValKwargs
 from rljax.train.run_sections import (
     RL_ALGORITHMS,
     SUPERVISED_ALGORITHMS,
@@ -57,7 +60,7 @@ __all__ = [
     "RLConfig", "RL_ALGORITHMS", "GROUP_BASELINE_ESTIMATORS", "WarmupSFTConfig", "AgentConfig", "ModelSection",
     "TrainerConfig", "ActorConfig", "CriticConfig", "PolicyLossSection", "RolloutConfig", "ValKwargs",
     "AlgorithmConfig", "KLControlConfig", "FilterGroupsConfig", "RolloutCorrectionSection", "RewardConfig",
-    "OverlongBufferConfig", "CustomRewardFunction", "RewardModelSection", "VerifierSection",
+    "OverlongBufferConfig", "CustomRewardFunction", "RewardModelSection", "VerifierSection", "FULL_KL", "TopK",
 ]
 
 # estimators whose baseline is the group's own mean: one sample per prompt gives zero advantages
