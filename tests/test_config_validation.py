@@ -131,7 +131,8 @@ INVALID = [
     ("rl", ["agent.max_turn=3"], r"^unknown config key 'agent\.max_turn'; did you mean 'max_turns'\?"),
     ("rl", ["agent.overflow=drop"], r"^agent\.overflow must be one of \('truncate', 'end'\), got 'drop'"),
     ("rl", ["agent.max_turns=three"], r"^agent\.max_turns must be an integer"),
-    ("rl", ["agent.environment.option={}"], r"^unknown config key 'agent\.environment\.option'; did you mean 'options'"),
+    ("rl", ["agent.environment.option={}"],
+     r"^unknown config key 'agent\.environment\.option'; did you mean 'options'"),
     ("rl", ["agent=3"], r"^agent: expected a mapping \(section AgentConfig\), got 3"),
     ("sft", ["data.format=chat"], r"^data\.format: expected one of \['sft', 'preference', 'rl'\], got 'chat'"),
 ]

@@ -40,7 +40,7 @@ class AgentConfig:
 
     tool_parser: str = "hermes"  # registered tool-call parser: hermes (= qwen), llama3_json (verl: format)
     max_turns: int = 8  # assistant turns (generations) per episode at most (verl: max_assistant_turns)
-    max_response_tokens: int = 4096  # tokens after the prompt (sampled + observations), capped by rollout.response_length
+    max_response_tokens: int = 4096  # tokens after the prompt (sampled + observations); RL: <= rollout.response_length
     max_tokens_per_turn: int | None = None  # tokens of one generation at most; null: the remaining budget
     max_parallel_tool_calls: int = 4  # tool calls of one turn run concurrently (verl: max_parallel_calls)
     max_concurrent_tool_calls: int | None = None  # tool calls in flight across all episodes; null: no cap
