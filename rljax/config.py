@@ -20,7 +20,16 @@ config's `check_run(num_devices)`: mesh shape and batch sizes against the data-p
 size, the checkpoint to resume from). Trainers call it first, before building anything.
 
 A YAML section that sets only some of its keys keeps the defaults of the field it fills
-(RLConfig's `trainer.algorithm` is `grpo`, not TrainerConfig's `sft`).
+(RLConfig's `trainer.algorithm` is `grpo`, not TrainerConfig's `sft`). An optional section
+(`agent: AgentConfig | None`) is null by default and built when the YAML sets it. A
+section class with a `from_dict(data, key)` classmethod builds itself (the agent's config,
+which `rljax.agent` also loads on its own); its `ValueError` / `TypeError` becomes a
+`ConfigError`.
+
+A closed set of words is a `Literal` field (`reward.mode: Literal["process", "inline"]`):
+a typo is "key: expected one of [...], got ..." at load. A set that code can extend (a
+registry of losses, estimators) is a `str` checked in the section's `check` with
+`check_registry`.
 """
 
 from __future__ import annotations
@@ -93,6 +102,21 @@ def check_name(name: str, valid, what: str = "", listing: str | None = None) -> 
     return f"unknown {what + ' ' if what else ''}{name!r}{hint} ({listing or 'valid: ' + ', '.join(names)})"
 
 
+def check_registry(key: str, name: str, registry) -> None:
+    """A `ConfigError` naming `key` when `name` is not in `registry` (`check_name`'s message)."""
+    problem = check_name(name, registry)
+    if problem:
+        raise ConfigError(f"{key}: {problem}")
+
+
+def _section_type(tp: Any) -> Any:
+    """The dataclass a field holds (`X` or `X | None`), else None."""
+    if get_origin(tp) in (Union, types.UnionType):
+        options = [option for option in get_args(tp) if option is not type(None)]
+        tp = options[0] if len(options) == 1 else None
+    return tp if dataclasses.is_dataclass(tp) else None
+
+
 def _type_name(tp) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -103,21 +127,22 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is Any:
         return value
     if origin in (Union, types.UnionType):
-        options = get_args(tp)
-        if value is None and type(None) in options:
+        options = [option for option in get_args(tp) if option is not type(None)]
+        if value is None and len(options) < len(get_args(tp)):
             return None
-        errors = []
+        if len(options) == 1:  # `X | None`: X's own error, which says more than the union's
+            return _coerce(value, options[0], key)
         for option in options:
-            if option is type(None):
-                continue
             try:
                 return _coerce(value, option, key)
-            except ConfigError as e:
-                errors.append(str(e))
+            except ConfigError:
+                continue
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         if value not in get_args(tp):
-            raise ConfigError(f"{key}: expected one of {list(get_args(tp))}, got {value!r}")
+            close = difflib.get_close_matches(str(value), [str(v) for v in get_args(tp)], n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{key}: expected one of {list(get_args(tp))}, got {value!r}{hint}")
         return value
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
@@ -135,6 +160,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping (section {tp.__name__}), got {value!r}")
+        build = getattr(tp, "from_dict", None)
+        if callable(build):  # a section that loads itself (see the module docstring)
+            try:
+                return build(value, key)
+            except (ValueError, TypeError) as e:
+                raise ConfigError(str(e)) from None
         return from_dict(tp, value, prefix=key)
     if tp is bool:
         if isinstance(value, bool):
@@ -272,12 +303,11 @@ def _set_dotted(tree: dict, dotted: str, value: Any, cls) -> None:
         if i == len(parts) - 1:
             node[part] = value
             return
-        field_tp = typing.get_type_hints(schema)[part]
         sub = node.get(part)
         if not isinstance(sub, dict):
             sub = {}
             node[part] = sub
-        node, schema = sub, (field_tp if dataclasses.is_dataclass(field_tp) else None)
+        node, schema = sub, _section_type(typing.get_type_hints(schema)[part])
 
 
 def apply_overrides(raw: dict, overrides: list[str], cls) -> dict:

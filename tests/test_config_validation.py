@@ -67,7 +67,8 @@ INVALID = [
     ("rl", ["actor.policy_loss.loss_mode=ppo"], r"^actor\.policy_loss\.loss_mode: unknown 'ppo'.*vanilla"),
     ("rl", ["actor.kl_loss_type=k9"], r"^actor\.kl_loss_type: unknown KL type 'k9'"),
     ("rl", ["algorithm.kl_penalty=k9"], r"^algorithm\.kl_penalty: unknown KL type 'k9'"),
-    ("rl", ["algorithm.kl_ctrl.type=pid"], r"^algorithm\.kl_ctrl\.type: unknown 'pid'.*adaptive"),
+    ("rl", ["algorithm.kl_ctrl.type=pid"], r"^algorithm\.kl_ctrl\.type: expected one of \['fixed', 'adaptive'\], got 'pid'"),
+    ("rl", ["algorithm.kl_ctrl.type=adaptiv"], r"^algorithm\.kl_ctrl\.type: expected one of .*; did you mean 'adaptive'\?"),
     ("rl", ["rollout.response_length=0"], r"^rollout\.response_length: must be >= 1, got 0"),
     ("rl", ["rollout.temperature=-1"], r"^rollout\.temperature: must be >= 0"),
     ("rl", ["rollout.top_p=0"], r"^rollout\.top_p: must be > 0"),
@@ -105,6 +106,9 @@ INVALID = [
     ("rl", ["reward.timeout_s=0"], r"^reward\.timeout_s: must be > 0"),
     ("rl", ["reward.num_workers=0"], r"^reward\.num_workers: must be >= 1"),
     ("rl", ["reward.mode=threads"], r"^reward\.mode: expected one of \['process', 'inline'\]"),
+    ("rl", ["reward.mode=inlne"], r"^reward\.mode: expected one of .*got 'inlne'; did you mean 'inline'\?"),
+    ("rl", ["algorithm.rollout_correction.rollout_is_mode=clip"], r"^algorithm\.rollout_correction\.rollout_is_mode: "
+                                                                  r"expected one of \['truncate', 'mask'\]"),
     ("rl", ["reward.max_consecutive_failed_steps=-1"], r"^reward\.max_consecutive_failed_steps: must be >= 0"),
     ("rl", ["reward.trust_custom_reward=true"], r"^reward\.trust_custom_reward: only with reward\.mode=inline"),
     ("rl", ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=100"],
@@ -124,6 +128,13 @@ INVALID = [
     ("rl", ["warmup_sft.lr=-1"], r"^warmup_sft\.lr: must be >= 0"),
     ("rl", ["agent={max_turns: 0}"], r"agent\.max_turns must be >= 1"),
     ("rl", ["agent={max_turn: 3}"], r"unknown config key agent\.max_turn"),
+    ("rl", ["agent.max_turn=3"], r"^unknown config key 'agent\.max_turn'; did you mean 'max_turns'\?"),
+    ("rl", ["agent.overflow=drop"], r"^agent\.overflow must be one of \('truncate', 'end'\), got 'drop'"),
+    ("rl", ["agent.max_turns=three"], r"^agent\.max_turns must be an integer"),
+    ("rl", ["agent.environment.option={}"],
+     r"^unknown config key 'agent\.environment\.option'; did you mean 'options'"),
+    ("rl", ["agent=3"], r"^agent: expected a mapping \(section AgentConfig\), got 3"),
+    ("sft", ["data.format=chat"], r"^data\.format: expected one of \['sft', 'preference', 'rl'\], got 'chat'"),
 ]
 
 
@@ -219,3 +230,71 @@ def test_shipped_configs_load_and_validate(path):
     cfg = load_config(config_class(path, []), path)
     validate(cfg, num_devices=8)
     validate(cfg, num_devices=1)
+
+
+def test_agent_section_is_typed_and_round_trips(tmp_path):
+    """`agent:` is an `AgentConfig` (null: single-turn); a saved config reads back equal."""
+    from rljax.agent import AgentConfig, EnvironmentConfig
+    from rljax.config import save_config
+
+    assert load_config(RLConfig).agent is None
+    cfg = load_config(RLConfig, None, ["agent.max_turns=3", "agent.extra_turn_end_tokens=['<|eom_id|>']",
+                                       "agent.environment={class_name: 'pkg.mod:Env', options: {steps: 2}}"])
+    assert isinstance(cfg.agent, AgentConfig) and cfg.agent.max_turns == 3
+    assert cfg.agent.extra_turn_end_tokens == ("<|eom_id|>",)
+    assert cfg.agent.environment == EnvironmentConfig("pkg.mod:Env", {"steps": 2})
+    for saved in (cfg, load_config(RLConfig)):
+        save_config(saved, str(tmp_path / "config.yaml"))
+        assert load_config(RLConfig, str(tmp_path / "config.yaml")) == saved
+
+
+def test_agent_config_of_the_rl_loop_accepts_the_typed_section():
+    """`rljax.rl.agent_rollout.agent_config` takes the section (the trainer) or its YAML mapping."""
+    from rljax.rl.agent_rollout import agent_config
+
+    cfg = load_config(RLConfig, None, ["agent.max_turns=2", "agent.tool_config_path=configs/tools/calculator.yaml"])
+    typed = agent_config(cfg.agent)
+    assert typed == agent_config({"max_turns": 2, "tool_config_path": "configs/tools/calculator.yaml"})
+    assert os.path.isabs(typed.tool_config_path) and os.path.isfile(typed.tool_config_path)
+
+
+def test_actor_loss_config_carries_the_policy_loss_knobs():
+    """`ActorConfig.loss_config`: the actor's and actor.policy_loss's knobs as `PolicyLossConfig`."""
+    from rljax.algos.policy_loss import PolicyLossConfig
+
+    cfg = load_config(RLConfig, None, ["actor.clip_ratio_high=0.28", "actor.loss_scale_factor=512",
+                                       "actor.policy_loss.clip_cov_ub=4", "actor.policy_loss.ppo_kl_coef=0.5"])
+    assert cfg.actor.loss_config == PolicyLossConfig(clip_ratio_high=0.28, loss_scale_factor=512.0, clip_cov_ub=4.0,
+                                                     ppo_kl_coef=0.5)
+    assert RLConfig().actor.loss_config == PolicyLossConfig()
+
+
+def test_every_field_of_the_run_configs_is_commented():
+    """Each field of the RL and supervised run configs and their sections has a comment
+    (on its line or the line above): what it is, its unit, its verl name where different."""
+    import dataclasses
+    import inspect
+    import typing
+
+    from rljax.agent import AgentConfig
+
+    missing, seen = [], set()
+
+    def walk(cls):
+        if cls in seen:
+            return
+        seen.add(cls)
+        lines = inspect.getsource(cls).splitlines()
+        for f in dataclasses.fields(cls):
+            at = next(i for i, line in enumerate(lines) if line.strip().startswith(f"{f.name}:"))
+            if "#" not in lines[at] and not lines[at - 1].strip().startswith("#"):
+                missing.append(f"{cls.__name__}.{f.name}")
+        for tp in typing.get_type_hints(cls).values():
+            for option in (tp, *typing.get_args(tp)):
+                if dataclasses.is_dataclass(option) and option.__module__.startswith(("rljax.rl", "rljax.train.run",
+                                                                                    "rljax.data", "rljax.agent")):
+                    walk(option)
+
+    for cls in (RLConfig, RunConfig, AgentConfig):
+        walk(cls)
+    assert not missing, missing

@@ -3,6 +3,8 @@
 `AgentConfig.from_dict` builds the dataclasses from a (YAML-parsed) mapping; an unknown key
 raises `ValueError` naming it with its dotted path (``agent.max_turn``), and obviously wrong
 types (a string for ``max_turns``) raise too. Configs are frozen: no component mutates them.
+`rljax.config` loads the RL config's `agent:` section with the same `from_dict` (its
+errors become one-line `ConfigError`s), so the section reads the same in both places.
 """
 
 from __future__ import annotations
@@ -19,57 +21,39 @@ OVERFLOW_POLICIES = ("truncate", "end")
 
 @dataclass(frozen=True)
 class EnvironmentConfig:
-    """Which `Environment` class to build per episode (``"pkg.module:Class"``) and its options."""
+    """Which `Environment` class to build per episode, and its options."""
 
-    class_name: str
-    options: dict[str, Any] = field(default_factory=dict)
+    class_name: str  # "pkg.module:Class", an `rljax.agent.Environment` subclass
+    options: dict[str, Any] = field(default_factory=dict)  # keyword arguments of its constructor
 
 
 @dataclass(frozen=True)
 class AgentConfig:
-    """Agent-loop settings.
+    """Agent-loop settings (the RL config's `agent:` section; verl: `actor_rollout_ref.rollout.multi_turn`).
 
-    Attributes:
-        tool_parser: registered tool-call parser (``hermes``/``qwen``, ``llama3_json``).
-        max_turns: maximum assistant turns (generations) per episode.
-        max_response_tokens: budget for everything after the prompt (sampled tokens and
-            observation tokens), in tokens.
-        max_tokens_per_turn: optional cap on one generation; the per-turn ``max_tokens`` sent
-            to the sampler is ``min(this, remaining budget)`` and *replaces* any
-            ``max_tokens`` in the sampling params (samplers often default it to a small
-            number, which would silently cut every turn).
-        max_parallel_tool_calls: tool calls of one turn run concurrently up to this many.
-        max_concurrent_tool_calls: optional cap on tool calls in flight across all episodes.
-        tool_timeout_s: wall-clock limit of one tool call (a ``timeout`` error observation).
-        overflow: what happens when an observation does not fit in the remaining budget:
-            ``truncate`` its contents in tokens, or ``end`` the episode.
-        min_turn_tokens: tokens kept free for the next generation when fitting an observation;
-            if even a fully truncated observation leaves fewer, the episode ends.
-        tool_config_path: YAML file declaring the tools (see `rljax.agent.tools.registry`).
-        environment: an environment class to use instead of tools.
-        chat_template_kwargs: extra chat-template variables (e.g. ``enable_thinking``).
-        chat_template: a Jinja chat template overriding the tokenizer's.
-        end_of_turn_token: string closing an assistant turn (default: tokenizer eos_token).
-        extra_turn_end_tokens: other tokens that also close a turn (e.g. ``<|eom_id|>``).
-        max_concurrent_episodes: optional cap on episodes in flight in `run_episodes`.
+    `max_tokens_per_turn` *replaces* any `max_tokens` in the sampling params: samplers often
+    default it to a small number, which would silently cut every turn. An observation that
+    does not fit the remaining budget is cut to fit (`overflow: truncate`) unless even a
+    fully cut one leaves fewer than `min_turn_tokens` for the next generation, when the
+    episode ends; `overflow: end` ends it at once.
     """
 
-    tool_parser: str = "hermes"
-    max_turns: int = 8
-    max_response_tokens: int = 4096
-    max_tokens_per_turn: int | None = None
-    max_parallel_tool_calls: int = 4
-    max_concurrent_tool_calls: int | None = None
-    tool_timeout_s: float = 30.0
-    overflow: Literal["truncate", "end"] = "truncate"
-    min_turn_tokens: int = 16
-    tool_config_path: str | None = None
-    environment: EnvironmentConfig | None = None
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    chat_template: str | None = None
-    end_of_turn_token: str | None = None
-    extra_turn_end_tokens: tuple[str, ...] = ()
-    max_concurrent_episodes: int | None = None
+    tool_parser: str = "hermes"  # registered tool-call parser: hermes (= qwen), llama3_json (verl: format)
+    max_turns: int = 8  # assistant turns (generations) per episode at most (verl: max_assistant_turns)
+    max_response_tokens: int = 4096  # tokens after the prompt (sampled + observations); RL: <= rollout.response_length
+    max_tokens_per_turn: int | None = None  # tokens of one generation at most; null: the remaining budget
+    max_parallel_tool_calls: int = 4  # tool calls of one turn run concurrently (verl: max_parallel_calls)
+    max_concurrent_tool_calls: int | None = None  # tool calls in flight across all episodes; null: no cap
+    tool_timeout_s: float = 30.0  # seconds one tool call may take (then a `timeout` error observation)
+    overflow: Literal["truncate", "end"] = "truncate"  # an observation over the budget: cut it | end the episode
+    min_turn_tokens: int = 16  # tokens kept free for the next generation when fitting an observation
+    tool_config_path: str | None = None  # YAML declaring the tools (rljax.agent.tools.registry); null: none
+    environment: EnvironmentConfig | None = None  # an environment instead of tools; null: tools
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra template variables (enable_thinking)
+    chat_template: str | None = None  # a Jinja chat template overriding the tokenizer's
+    end_of_turn_token: str | None = None  # string closing an assistant turn; null: the tokenizer's eos_token
+    extra_turn_end_tokens: tuple[str, ...] = ()  # other tokens that also close a turn (<|eom_id|>)
+    max_concurrent_episodes: int | None = None  # episodes in flight in `run_episodes`; null: all
 
     def __post_init__(self) -> None:
         if self.overflow not in OVERFLOW_POLICIES:

@@ -2,12 +2,13 @@
 
 # No `from __future__ import annotations`: field types stay real types for config tools.
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from rljax.config import ConfigError
 from rljax.data.truncation import TRUNCATION_POLICIES
 
-FORMATS: tuple[str, ...] = ("sft", "preference", "rl")
+DataFormat = Literal["sft", "preference", "rl"]
+FORMATS: tuple[str, ...] = get_args(DataFormat)
 
 
 @dataclass
@@ -46,32 +47,32 @@ class DataConfig:
     ahead of the consumer (``prefetch_buffer_size`` rows ahead).
     """
 
-    train_files: list[str] = field(default_factory=list)
-    val_files: list[str] = field(default_factory=list)
-    format: str = "sft"
-    max_length: int = 512
-    max_prompt_length: int = 256
-    truncation: str = "error"
-    bucket_size: int = 64
-    buckets: list[int] | None = None
-    packing: bool = False
-    shuffle: bool = True
-    seed: int = 0
-    batch_size: int = 8
+    train_files: list[str] = field(default_factory=list)  # .jsonl / .json / .parquet paths or globs
+    val_files: list[str] = field(default_factory=list)  # the same, for validation; empty: none
+    format: DataFormat = "sft"  # the row layout (see above); set by the run kind (rm / dpo: preference)
+    max_length: int = 512  # tokens of a whole row (prompt + response), the largest bucket (verl: sft max_length)
+    max_prompt_length: int = 256  # tokens of the prompt (rl, preference)
+    truncation: str = "error"  # an over-long row: error | left | right (TRUNCATION_POLICIES)
+    bucket_size: int = 64  # padded lengths are its multiples; 0: every batch padded to max_length
+    buckets: list[int] | None = None  # explicit padded lengths instead of bucket_size; null: bucket_size's
+    packing: bool = False  # pack several sft rows into one (segment ids keep them apart)
+    shuffle: bool = True  # shuffle the train split, a new permutation each epoch
+    seed: int = 0  # seed of the shuffle, in [0, 2**32)
+    batch_size: int = 8  # rows per step, global (RL: prompts, x rollout.n responses)
     train_batch_size: int | None = None  # verl's name for batch_size; when set, it wins
-    val_batch_size: int | None = None
-    num_epochs: int | None = None
-    messages_key: str = "messages"
-    prompt_key: str = "prompt"
-    chosen_key: str = "chosen"
-    rejected_key: str = "rejected"
-    tools_key: str = "tools"
-    data_source_key: str = "data_source"
-    reward_model_key: str = "reward_model"
-    extra_info_key: str = "extra_info"
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    num_threads: int = 0
-    prefetch_buffer_size: int = 16
+    val_batch_size: int | None = None  # rows per validation batch; null: batch_size
+    num_epochs: int | None = None  # passes over the train split; null: forever
+    messages_key: str = "messages"  # sft column: the chat messages
+    prompt_key: str = "prompt"  # rl / preference column: the prompt
+    chosen_key: str = "chosen"  # preference column: the preferred response
+    rejected_key: str = "rejected"  # preference column: the other response
+    tools_key: str = "tools"  # optional column: the tool schemas given to the chat template
+    data_source_key: str = "data_source"  # rl column: picks the reward function (verl: reward_fn_key)
+    reward_model_key: str = "reward_model"  # rl column: a mapping whose ground_truth is graded against
+    extra_info_key: str = "extra_info"  # rl column: passed to the reward function as is
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # to every apply_chat_template call
+    num_threads: int = 0  # grain reader threads tokenizing ahead; 0: in the consumer's thread
+    prefetch_buffer_size: int = 16  # rows tokenized ahead (num_threads > 0)
 
     def __post_init__(self) -> None:
         if self.train_batch_size is not None:

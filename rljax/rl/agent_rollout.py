@@ -31,15 +31,15 @@ import dataclasses
 import json
 import os
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from rljax.agent import AgentConfig, AgentLoop, Episode, RolloutSamplerAdapter, collect_metrics
-from rljax.agent.config import from_dict as agent_config_from_dict
 from rljax.agent.tools.registry import load_tools
 from rljax.rl.batch import Sample
-from rljax.rl.config import OverlongBufferConfig
+from rljax.rl.reward_config import OverlongBufferConfig
 from rljax.rl.rollout import ScoredRollout, overlong_shaping
 from rljax.rollout.params import SamplingParams
 
@@ -57,9 +57,10 @@ def resolve_tool_config_path(path: str) -> str:
     raise FileNotFoundError(f"agent.tool_config_path: no file {path!r} (looked at {candidates})")
 
 
-def agent_config(raw: dict[str, Any]) -> AgentConfig:
-    """`AgentConfig` from the config's `agent:` mapping (tool config path resolved)."""
-    cfg = agent_config_from_dict(AgentConfig, raw, "agent")
+def agent_config(section: AgentConfig | Mapping[str, Any]) -> AgentConfig:
+    """The RL config's `agent:` section (or a YAML mapping of it, `rljax.bench.agent`) with
+    its tool config path resolved."""
+    cfg = section if isinstance(section, AgentConfig) else AgentConfig.from_dict(section)
     if cfg.tool_config_path:
         cfg = dataclasses.replace(cfg, tool_config_path=resolve_tool_config_path(cfg.tool_config_path))
     return cfg

@@ -8,6 +8,7 @@ fixed set of programs: decode steps are `[batch_bucket, 1]`, prefill steps
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 
 def powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -22,22 +23,14 @@ def powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class KVCacheConfig:
-    """The paged KV cache.
+    """The paged KV cache. Without `num_pages` the pool takes `memory_fraction` of the
+    device's free memory when the backend reports it, else room for `max_num_seqs`
+    sequences of `max_model_len` tokens."""
 
-    page_size: tokens per page.
-    num_pages: pages in the pool (page 0 included, it is a reserved null page). None:
-        size the pool from `memory_fraction` of the device's free memory when the
-        backend reports it, else make room for `max_num_seqs` sequences of
-        `max_model_len` tokens.
-    memory_fraction: fraction of free device memory given to the pool (when num_pages
-        is None and the backend reports memory).
-    dtype: dtype of the cached keys and values; None: the model's compute dtype.
-    """
-
-    page_size: int = 16
-    num_pages: int | None = None
-    memory_fraction: float = 0.5
-    dtype: str | None = None
+    page_size: int = 16  # tokens per page
+    num_pages: int | None = None  # pages in the pool, page 0 included (a reserved null page); None: sized
+    memory_fraction: float = 0.5  # fraction of free device memory for the pool (num_pages None)
+    dtype: str | None = None  # dtype of the cached keys and values; None: the model's compute dtype
 
     def __post_init__(self):
         if self.page_size < 1:
@@ -48,43 +41,38 @@ class KVCacheConfig:
             raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
 
 
+Attention = Literal["auto", "reference", "pallas"]
+
+
 @dataclass(frozen=True)
 class SamplerConfig:
     """The rollout engine.
 
-    max_num_seqs: sequences decoding together (the largest decode batch).
-    max_num_batched_tokens: token budget of one prefill step (padded rows x chunk length).
-    max_model_len: the longest sequence (prompt + generated); sets the page-table width.
     attention: "reference" (plain jnp gather + mask, the oracle), "pallas" (a Pallas
         decode kernel for GPU, interpreted elsewhere; prefill stays on the reference),
         or "auto" (the reference until the kernel has been validated on a GPU).
-    share_prefix: the n samples of a request share the prompt's full KV pages.
     enable_prefix_caching: keep the full pages of finished (and preempted) sequences and
         reuse them for any later sequence that starts with the same tokens: an agent's
         next turn, a retried prompt (`rljax.rollout.prefix_cache`). Unreferenced cached
         pages are evicted (least recently used first) before anything is preempted; the
         cache is cleared when the parameters change.
-    num_scheduler_steps: decode steps per engine call (an on-device loop); more
-        amortise dispatch and host transfers, fewer let finished sequences hand their
-        slot to a waiting one sooner (a sequence that stops mid-call wastes the rest).
-    batch_buckets / prefill_chunk_buckets / page_table_buckets: the padded sizes the
-        engine compiles for (decode and prefill rows / prefill chunk length / page-table
-        width in pages). None: powers of two up to the maximum.
-    seed: the generator that draws seeds for requests that bring none.
+    num_scheduler_steps: more amortise dispatch and host transfers, fewer let finished
+        sequences hand their slot to a waiting one sooner (a sequence that stops mid-call
+        wastes the rest).
     """
 
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_model_len: int = 2048
-    kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)
-    attention: str = "auto"
-    share_prefix: bool = True
-    enable_prefix_caching: bool = True
-    num_scheduler_steps: int = 4
-    batch_buckets: tuple[int, ...] | None = None
-    prefill_chunk_buckets: tuple[int, ...] | None = None
-    page_table_buckets: tuple[int, ...] | None = None
-    seed: int = 0
+    max_num_seqs: int = 64  # sequences decoding together (the largest decode batch)
+    max_num_batched_tokens: int = 512  # token budget of one prefill step (padded rows x chunk length)
+    max_model_len: int = 2048  # the longest sequence (prompt + generated), in tokens; sets the page-table width
+    kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)  # the paged KV pool
+    attention: Attention = "auto"  # decode attention: reference | pallas | auto (see above)
+    share_prefix: bool = True  # the n samples of a request share the prompt's full KV pages
+    enable_prefix_caching: bool = True  # reuse cached pages across requests (see above)
+    num_scheduler_steps: int = 4  # decode steps per engine call (an on-device loop)
+    batch_buckets: tuple[int, ...] | None = None  # padded decode / prefill row counts; None: powers of two
+    prefill_chunk_buckets: tuple[int, ...] | None = None  # padded prefill chunk lengths; None: powers of two
+    page_table_buckets: tuple[int, ...] | None = None  # padded page-table widths, in pages; None: powers of two
+    seed: int = 0  # the generator that draws seeds for requests that bring none
 
     def __post_init__(self):
         if self.max_num_seqs < 1:
@@ -93,7 +81,7 @@ class SamplerConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.num_scheduler_steps < 1:
             raise ValueError(f"num_scheduler_steps must be >= 1, got {self.num_scheduler_steps}")
-        if self.attention not in ("auto", "reference", "pallas"):
+        if self.attention not in get_args(Attention):
             raise ValueError(f"attention must be auto | reference | pallas, got {self.attention!r}")
 
     @property

@@ -134,7 +134,7 @@ def test_sft_demonstration_equals_agent_trajectory(case, tok):
         assert os.path.isdir(path), f"RLJAX_TEST_TOKENIZERS has no {case}/ (see tests/agent/conftest.py)"
         tok = AutoTokenizer.from_pretrained(path)
     if case == "quickstart":  # rows without tools, an agent template that does not show them
-        config = AgentConfig(max_response_tokens=1024, chat_template=quickstart_config().agent["chat_template"])
+        config = AgentConfig(max_response_tokens=1024, chat_template=quickstart_config().agent.chat_template)
     sft = SFTTransform(DataConfig(format="sft", max_length=4096), tok)
     rows = make_rows("sft", 12, seed=7, tool_fraction=0.5, tools=case != "quickstart")
     kinds = set()
@@ -166,7 +166,7 @@ def test_rl_prompt_equals_agent_prompt(tok, quickstart):
     assert ("tools" in row) != quickstart
     example = RLTransform(DataConfig(format="rl", max_prompt_length=512), tok)(
         Row(file="rl.jsonl", row=0, line=1, data=row, index=0))
-    template = quickstart_config().agent["chat_template"] if quickstart else None
+    template = quickstart_config().agent.chat_template if quickstart else None
     formatter = ChatFormatter(tok, tools=[t.schema for t in load_tools(TOOLS_YAML).values()],
                               chat_template=template)
     assert example["prompt_ids"] == formatter.prompt_ids(example["raw_prompt"])

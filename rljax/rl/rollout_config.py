@@ -1,0 +1,47 @@
+"""The `rollout:` section of `RLConfig`: how responses are sampled during RL (verl:
+`actor_rollout_ref.rollout`). `rljax.rl.generation.make_sampler` turns it into the
+engine's own `rljax.rollout.config.SamplerConfig`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from rljax.config import Bounds, FieldError, NonNegFloat, NonNegInt, OpenUnitFloat, PositiveInt, UnitFloat
+
+TopK = Annotated[int, Bounds(ge=-1)]  # -1 / 0: off
+
+
+@dataclass
+class ValKwargs:
+    """Sampling of the validation responses (verl: `rollout.val_kwargs`)."""
+
+    n: PositiveInt = 1  # responses per validation prompt
+    temperature: NonNegFloat = 0.0  # 0: greedy
+    top_p: OpenUnitFloat = 1.0  # nucleus mass kept; 1: off
+    top_k: TopK = 0  # most likely tokens kept; -1 / 0: off
+
+
+@dataclass
+class RolloutConfig:
+    """Training-time sampling and the sampler's sizes."""
+
+    n: PositiveInt = 4  # responses per prompt (the group of GRPO and relatives)
+    temperature: NonNegFloat = 1.0  # softmax temperature (also applied to the trainer's log-probs)
+    top_p: OpenUnitFloat = 1.0  # nucleus mass kept; 1: off
+    top_k: TopK = 0  # most likely tokens kept; -1 / 0: off
+    min_p: UnitFloat = 0.0  # drop tokens below min_p x the top probability; 0: off
+    response_length: PositiveInt = 64  # max sampled tokens per response (verl: data.max_response_length)
+    max_num_seqs: PositiveInt = 64  # sequences decoding together (the largest decode batch)
+    max_num_batched_tokens: PositiveInt = 2048  # tokens per prefill step (padded rows x chunk length)
+    page_size: PositiveInt = 16  # tokens per KV-cache page
+    num_pages: NonNegInt = 0  # pages in the KV pool (page 0 reserved); 0: sized by kv_cache_memory_fraction
+    # fraction of free device memory given to the KV pool (verl: gpu_memory_utilization, of total memory)
+    kv_cache_memory_fraction: OpenUnitFloat = 0.3
+    enable_prefix_caching: bool = True  # reuse cached pages across requests (agent turns)
+    seed: NonNegInt = 0  # seed of every request (streams by step and prompt: rljax.rl.rollout)
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)  # validation sampling
+
+    def check(self) -> None:
+        if self.num_pages == 1:
+            raise FieldError("num_pages", "0 (automatic) or >= 2 (page 0 is reserved), got 1")
