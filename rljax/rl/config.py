@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from rljax.agent.config import AgentConfig
 from rljax.algos.kl import FULL_KL
+from rljax.algos.registry import get_adv_estimator
 from rljax.config import ConfigError, FieldError, NonNegFloat, PositiveInt
 from rljax.data.config import DataConfig
 from rljax.parallel import MeshConfig
@@ -57,14 +58,13 @@ from rljax.train.run_sections import (
 )
 
 __all__ = [
-    "RLConfig", "RL_ALGORITHMS", "GROUP_BASELINE_ESTIMATORS", "WarmupSFTConfig", "AgentConfig", "ModelSection",
+    "RLConfig", "RL_ALGORITHMS", "WarmupSFTConfig", "AgentConfig", "ModelSection",
     "TrainerConfig", "ActorConfig", "CriticConfig", "PolicyLossSection", "RolloutConfig", "ValKwargs",
     "AlgorithmConfig", "KLControlConfig", "FilterGroupsConfig", "RolloutCorrectionSection", "RewardConfig",
     "OverlongBufferConfig", "CustomRewardFunction", "RewardModelSection", "VerifierSection", "FULL_KL", "TopK",
 ]
 
 # estimators whose baseline is the group's own mean: one sample per prompt gives zero advantages
-GROUP_BASELINE_ESTIMATORS = ("grpo", "dr_grpo", "grpo_passk")
 
 
 @dataclass
@@ -115,9 +115,10 @@ class RLConfig:
             if micro and (mini * r.n) % micro:
                 raise ConfigError(f"{section}.ppo_micro_batch_size_per_device={micro} does not divide the mini-batch "
                                   f"of {mini}x{r.n}={mini * r.n} rows ({section}.ppo_mini_batch_size x rollout.n)")
-        if alg.adv_estimator in GROUP_BASELINE_ESTIMATORS and r.n < 2:
-            raise ConfigError(f"rollout.n: 1 sample per prompt leaves algorithm.adv_estimator={alg.adv_estimator} "
-                              "no group to compare with (every advantage is 0); use rollout.n >= 2")
+        needed = get_adv_estimator(alg.adv_estimator).min_group_size
+        if r.n < needed:
+            raise ConfigError(f"rollout.n: {r.n} sample per prompt gives algorithm.adv_estimator={alg.adv_estimator} "
+                              f"no other sample to compare with (its group baseline needs rollout.n >= {needed})")
         buffer = self.reward.overlong_buffer
         if buffer.enable and buffer.len > r.response_length:
             raise ConfigError(f"reward.overlong_buffer.len={buffer.len}: must be in [1, "
@@ -157,4 +158,4 @@ class RLConfig:
 
     def _learners(self) -> tuple[str, ...]:
         """The trained sections: the actor, and the critic when the advantages need values."""
-        return ("actor", "critic") if self.algorithm.adv_estimator == "gae" else ("actor",)
+        return ("actor", "critic") if get_adv_estimator(self.algorithm.adv_estimator).needs_critic else ("actor",)

@@ -30,24 +30,12 @@ from rljax.algos.aggregation import AggTerms, agg_denominator, agg_loss_terms
 from rljax.algos.kl import FULL_KL, kl_from_hidden, kl_penalty
 from rljax.algos.logprobs import log_probs_from_hidden
 from rljax.algos.masked import masked_mean, safe_divide
-from rljax.algos.policy_loss import PolicyLossConfig
 from rljax.algos.registry import get_policy_loss_fn, loss_denominator
 from rljax.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
 from rljax.algos.value import compute_value_loss
 from rljax.rl.config import ActorConfig, CriticConfig, RolloutCorrectionSection
 
 sg = jax.lax.stop_gradient
-
-
-def policy_loss_config(actor: ActorConfig) -> PolicyLossConfig:
-    """The policy losses' knobs of an actor config (the one place that builds them)."""
-    p = actor.policy_loss
-    return PolicyLossConfig(
-        clip_ratio=actor.clip_ratio, clip_ratio_low=actor.clip_ratio_low, clip_ratio_high=actor.clip_ratio_high,
-        clip_ratio_c=actor.clip_ratio_c, loss_scale_factor=actor.loss_scale_factor,
-        clip_cov_ratio=p.clip_cov_ratio, clip_cov_lb=p.clip_cov_lb, clip_cov_ub=p.clip_cov_ub,
-        kl_cov_ratio=p.kl_cov_ratio, ppo_kl_coef=p.ppo_kl_coef,
-    )
 
 
 def sequence_model_log_probs(model, batch, temperature: float, entropy: bool):
@@ -94,7 +82,7 @@ def actor_objective(actor: ActorConfig, temperature: float,
     mode = actor.loss_agg_mode
     loss_mode = effective_loss_mode(actor, correction)
     loss_fn = get_policy_loss_fn(loss_mode)
-    config = policy_loss_config(actor)
+    config = actor.loss_config
     bypass = correction.bypass_mode
 
     def totals(batch):
