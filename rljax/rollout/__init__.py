@@ -3,15 +3,18 @@
 `Sampler(model, SamplerConfig(...))` takes token ids and returns `Completion`s (token
 ids, per-token logprobs, finish reason), synchronously (`generate`) or to many
 concurrent asyncio callers (`generate_async`), and takes the trainer's parameters with
-`update_params`. Module map: params.py (requests / results), config.py, kv_cache.py
-(page pools + allocator), attention.py (paged attention: reference + Pallas kernel),
-sampling.py (temperature / top-k / top-p / min-p), forward.py (the paged forward),
-engine.py (scheduler + step loop), sampler.py (public API, engine thread).
+`update_params`. Module map: params.py (requests / results), config.py, buckets.py
+(compiled sizes), pages.py (page allocator + tables, host), prefix_cache.py,
+scheduler.py (admission, pages, preemption: host code, no JAX), kv_cache.py (device
+pools), attention.py (paged attention: reference + Pallas kernel), sampling.py
+(temperature / top-k / top-p / min-p), step_inputs.py (typed, padded call inputs),
+forward.py (the paged forward), device_step.py (parameters + pools + compiled
+programs), engine.py (scheduler + device step), sampler.py (public API, engine thread).
 """
 
 from rljax.rollout.config import KVCacheConfig, SamplerConfig
 from rljax.rollout.engine import Engine, EngineStats
-from rljax.rollout.kv_cache import OutOfPagesError, PageAllocator, PageTable
+from rljax.rollout.pages import OutOfPagesError, PageAllocator, PageTable
 from rljax.rollout.params import Completion, GenerationRequest, SamplingParams
 from rljax.rollout.sampler import Sampler
 

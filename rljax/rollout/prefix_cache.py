@@ -31,7 +31,7 @@ import collections
 import itertools
 from dataclasses import dataclass
 
-from rljax.rollout.kv_cache import PageAllocator
+from rljax.rollout.pages import PageAllocator
 
 ROOT = -1  # the parent block id of a sequence's first page
 

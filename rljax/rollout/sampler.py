@@ -120,8 +120,7 @@ class Sampler:
 
     def reset_peak_memory(self) -> None:
         with self._lock:
-            self.engine.allocator.reset_peak()
-            self.engine.stats.peak_pages_used = self.engine.allocator.num_used
+            self.engine.reset_peak_memory()
 
     def close(self) -> None:
         if not self._closed:

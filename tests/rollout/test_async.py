@@ -63,18 +63,20 @@ def test_failures_reach_their_callers_and_the_loop_keeps_serving(llama, roomy_sa
 
     with pytest.raises(ValueError, match="token ids"):
         roomy_sampler.generate([[1, 2, 999]], SamplingParams(max_tokens=2))  # a bad request fails alone
-    engine = roomy_sampler.engine
-    real = engine._prefill_fn
+    from rljax.rollout.scheduler import StepKind
+
+    programs = roomy_sampler.engine.device.programs
+    real = programs[StepKind.PREFILL]
 
     def broken(*args):
         raise RuntimeError("device on fire")
 
-    engine._prefill_fn = broken
+    programs[StepKind.PREFILL] = broken
     try:
         with pytest.raises(RuntimeError, match="device on fire"):
             roomy_sampler.generate([[1, 2, 3]], SamplingParams(max_tokens=3))
     finally:
-        engine._prefill_fn = real
+        programs[StepKind.PREFILL] = real
     out = roomy_sampler.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=3))
     assert len(out[0].token_ids) == 3
     assert roomy_sampler.stats()["pages_used"] == 0

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from rljax.models import ModelConfig
 from rljax.rollout import KVCacheConfig, OutOfPagesError, PageAllocator, PageTable, SamplerConfig
-from rljax.rollout.kv_cache import NULL_PAGE, plan_cache
+from rljax.rollout.kv_cache import plan_cache
+from rljax.rollout.pages import NULL_PAGE
 
 OPS = st.lists(
     st.tuples(st.sampled_from(["admit", "fork", "grow", "finish", "preempt"]), st.integers(0, 1000), st.integers(1, 5)),

@@ -56,11 +56,11 @@ def test_pressure_evicts_cached_pages_and_outputs_stay_exact(llama):
         assert [c.token_ids for c in again] == [c.token_ids for c in theirs[:3]]
         stats = cached.stats()
         assert stats["num_preemptions"] > 0 and stats["num_cached_prompt_tokens"] > 0
-        engine = cached.engine
-        cache_pages = engine.prefix_cache.pages()
+        scheduler = cached.engine.scheduler
+        cache_pages = scheduler.prefix_cache.pages()
         assert stats["pages_used"] == 0 and stats["num_cached_pages"] == len(cache_pages) > 0
-        assert all(engine.allocator.refcount[p] == 1 for p in cache_pages)  # the cache's own reference
-        assert engine.allocator.num_used == len(cache_pages)  # nothing else is held: no leak
+        assert all(scheduler.allocator.refcount[p] == 1 for p in cache_pages)  # the cache's own reference
+        assert scheduler.allocator.num_used == len(cache_pages)  # nothing else is held: no leak
     finally:
         cached.close()
         plain.close()
@@ -77,7 +77,7 @@ def test_new_parameters_empty_the_cache(llama):
 
         cached.update_params(nnx.state(llama))
         assert cached.stats()["num_cached_pages"] == 0
-        assert cached.engine.allocator.num_used == 0
+        assert cached.engine.scheduler.allocator.num_used == 0
     finally:
         cached.close()
 

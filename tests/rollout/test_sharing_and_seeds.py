@@ -89,13 +89,13 @@ def test_stop_tokens_eos_and_lengths(roomy_sampler):
     assert stopped[0].token_ids == free.token_ids[:cut]
     assert stopped[0].logprobs == pytest.approx(free.logprobs[:cut], abs=1e-6)
 
-    engine = roomy_sampler.engine
-    engine.eos_ids = frozenset({stop})  # as if the model config named it EOS
+    scheduler = roomy_sampler.engine.scheduler
+    scheduler.eos_ids = frozenset({stop})  # as if the model config named it EOS
     try:
         eos = roomy_sampler.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12))[0]
         ignored = roomy_sampler.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
     finally:
-        engine.eos_ids = frozenset()
+        scheduler.eos_ids = frozenset()
     assert (eos.finish_reason, eos.token_ids) == ("stop", free.token_ids[:cut])
     assert (ignored.finish_reason, ignored.token_ids) == ("length", free.token_ids)
 

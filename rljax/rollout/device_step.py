@@ -1,0 +1,114 @@
+"""The device half of the rollout engine: one replica's parameters, KV pools and compiled
+programs, running the scheduler's `StepPlan`s.
+
+`run(plan)` packs the plan into typed, bucket-padded inputs (`rljax.rollout.step_inputs`),
+calls the compiled prefill or decode program with the pools donated, and returns each
+row's sampled tokens and logprobs. Nothing here is global: the parameters and the pools
+(and so the devices or sub-mesh they live on) are constructor inputs, so one device
+step per data-parallel replica is one more instance; `for_model` is the single-replica
+construction (the pools beside the model's parameters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import jax
+import numpy as np
+from flax import nnx
+
+from rljax.models.transformer import Decoder
+from rljax.rollout.attention import decode_attention, paged_attention_reference
+from rljax.rollout.buckets import Buckets
+from rljax.rollout.config import SamplerConfig
+from rljax.rollout.forward import make_decode_fn, make_prefill_fn
+from rljax.rollout.kv_cache import KVPool, cache_sharding, plan_cache
+from rljax.rollout.scheduler import StepKind, StepPlan
+from rljax.rollout.step_inputs import PACKERS
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one call sampled, per plan row (padding rows dropped)."""
+
+    tokens: np.ndarray  # [rows, steps] int32; prefill: steps = 1, decode: num_scheduler_steps
+    logprobs: np.ndarray  # [rows, steps] float32
+
+
+class DeviceStep:
+    """Compiled prefill / decode programs over one set of parameters and one `KVPool`."""
+
+    def __init__(self, graphdef: nnx.GraphDef, state: nnx.State, pool: KVPool, config: SamplerConfig,
+                 head_dim: int):
+        self.graphdef = graphdef
+        self.state = state
+        self.pool = pool
+        self.buckets = Buckets.from_config(config)
+        self.compiled_shapes: list[str] = []  # each traced program, as kind[rows x tokens, W=width]
+        self._label = ""  # the shape of the call being made, for `compiled_shapes`
+        page_size = config.kv_cache.page_size
+        attention = decode_attention(config.attention, head_dim, page_size)
+        decode = make_decode_fn(graphdef, page_size, attention, config.num_scheduler_steps, self._traced("decode"))
+        prefill = make_prefill_fn(graphdef, page_size, paged_attention_reference, self._traced("prefill"))
+        self.programs: dict[StepKind, Callable] = {
+            StepKind.PREFILL: jax.jit(prefill, donate_argnums=(1, 2)),
+            StepKind.DECODE: jax.jit(decode, donate_argnums=(1, 2)),
+        }
+
+    @classmethod
+    def for_model(cls, model: Decoder, config: SamplerConfig) -> "DeviceStep":
+        """The model's parameters where they are, committed (so the trainer's arrays that
+        `update_params` places there hit the same compiled programs: same buffers, no
+        copy), and pools over the same devices."""
+        graphdef, state = nnx.split(model)
+        state = jax.tree.map(lambda a: jax.device_put(a, a.sharding), state)
+        sharding = cache_sharding(state, model.config.num_key_value_heads)
+        device = min(sharding.device_set, key=lambda d: d.id)
+        shape = plan_cache(model.config, config, model.policy.compute, device)
+        return cls(graphdef, state, KVPool(shape, sharding), config, model.config.head_dim)
+
+    def _traced(self, kind: str) -> Callable[[], None]:
+        def on_trace():
+            self.compiled_shapes.append(kind + self._label)
+
+        return on_trace
+
+    def run(self, plan: StepPlan) -> StepResult:
+        """Run one call; the pools are replaced by the updated ones."""
+        inputs = PACKERS[plan.kind](plan.rows, self.buckets)
+        self._label = inputs.label
+        self.pool.k, self.pool.v, tokens, logprobs = self.programs[plan.kind](
+            self.state, self.pool.k, self.pool.v, inputs
+        )
+        tokens, logprobs = jax.device_get((tokens, logprobs))  # [B] (prefill) or [B, steps] (decode)
+        rows, padded = len(plan.rows), tokens.shape[0]
+        return StepResult(tokens.reshape(padded, -1)[:rows], logprobs.reshape(padded, -1)[:rows])
+
+    def update_params(self, state: nnx.State, copy: bool = False) -> None:
+        """Use new parameters (an nnx.State of the same Decoder) from the next call on.
+        Arrays are placed with the current shardings and dtypes by `jax.device_put` on
+        device (no host round-trip; no copy when they already match). `copy=True`
+        forces a device copy, for a trainer that donates its parameter buffers."""
+        old_paths, old_tree = jax.tree_util.tree_flatten_with_path(self.state)
+        new_paths, _ = jax.tree_util.tree_flatten_with_path(state)
+        old_keys = [jax.tree_util.keystr(p) for p, _ in old_paths]
+        new_keys = [jax.tree_util.keystr(p) for p, _ in new_paths]
+        if old_keys != new_keys:  # compare names only: variable metadata may differ
+            missing = sorted(set(old_keys) - set(new_keys))[:4]
+            extra = sorted(set(new_keys) - set(old_keys))[:4]
+            raise ValueError(f"update_params: the state does not match the sampler's model "
+                             f"(missing {missing}, unexpected {extra})")
+        placed = []
+        for (_, new), (_, old) in zip(new_paths, old_paths):
+            if new.shape != old.shape:
+                raise ValueError(f"update_params: shape {new.shape} where the sampler has {old.shape}")
+            if new.dtype != old.dtype:
+                new = new.astype(old.dtype)
+            placed.append(jax.device_put(new, old.sharding, may_alias=False if copy else None))
+        self.state = jax.tree.unflatten(old_tree, placed)
+
+    @property
+    def num_compiled_programs(self) -> int:
+        """Executables in the programs' jit caches (one per shape / sharding)."""
+        return sum(program._cache_size() for program in self.programs.values())

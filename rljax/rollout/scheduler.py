@@ -1,0 +1,459 @@
+"""The rollout scheduler: which sequences run in the next call, and in which KV pages.
+
+Pure host code (no JAX): admission, page reservation, preemption, prefix sharing and the
+prefix cache. Its contract, one call at a time:
+
+    request = scheduler.add_request(request_id, prompt, params)   # a handle
+    plan = scheduler.schedule()          # a StepPlan, or None when nothing can run
+    # ... a device step runs the plan: per row, tokens / logprobs [rows, steps] ...
+    finished = scheduler.apply(plan, tokens, logprobs)   # requests whose n samples are done
+
+Scheduling (continuous batching):
+- Sequences wait in a FIFO queue and are admitted while the running set has fewer than
+  `max_num_seqs` slots taken and the free pages hold the sequence's known tokens.
+- A step is a prefill step when some running sequence has more than one token to
+  compute (a new prompt, or a preempted sequence being recomputed): chunks of those
+  sequences, sized so that `[rows bucket, chunk bucket]` fits `max_num_batched_tokens`.
+  Otherwise it is a decode call over every running sequence that runs up to
+  `num_scheduler_steps` decode steps on device (each step's token feeds the next);
+  `apply` then appends the tokens and stops a sequence at its first stop token or its
+  max_tokens (tokens computed past that point are dropped).
+- A sequence that needs a page when none is free first evicts unreferenced prefix-cache
+  pages, then preempts the most recently admitted running sequence (itself, if it is the
+  most recent): its pages are released and it goes back to the front of the queue with
+  its tokens so far; on re-admission it recomputes them (prompt + generated) as a
+  prefill and continues. Its random keys depend on (seed, stream, sample index,
+  position) only, so it produces the same tokens it would have produced without the
+  interruption.
+- A finished sequence releases its pages at once; its slot goes to the next waiter
+  (admission happens before every call, so within `num_scheduler_steps` tokens).
+
+Prefix sharing: the n samples of a request share the prompt's full pages. A "prefix"
+sequence (no sampling) computes the prompt's first `floor((len - 1) / page_size)` pages
+and is then forked into n samples that hold references to those pages; each sample
+computes the remaining 1..page_size prompt tokens into a page of its own (so the last
+partial page is per-sample and nothing shared is ever written: copy-on-write realised
+by recomputing at most one page of tokens, which also gives each sample the prompt's
+last logits). Memory for a group grows with n responses, not n prompts.
+
+Everything here is local to one scheduler (its own allocator over its own pool's page
+ids), so a data-parallel rollout runs one scheduler per replica.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import itertools
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from rljax.rollout.buckets import Buckets
+from rljax.rollout.config import SamplerConfig
+from rljax.rollout.pages import OutOfPagesError, PageAllocator, PageTable, pages_for
+from rljax.rollout.params import Completion, SamplingParams
+from rljax.rollout.prefix_cache import PrefixCache
+
+
+class StepKind(enum.Enum):
+    PREFILL = "prefill"  # rows compute a chunk of known tokens; a finished prompt samples one
+    DECODE = "decode"  # rows feed their last token and sample up to num_scheduler_steps
+
+
+@dataclass(frozen=True)
+class Row:
+    """One sequence's part of a call."""
+
+    tokens: tuple[int, ...]  # prefill: the chunk to compute; decode: the last token (one)
+    start: int  # absolute position of tokens[0] (the tokens before it are in the cache)
+    num_steps: int  # decode: steps this row runs (<= num_scheduler_steps); prefill: 1
+    pages: tuple[int, ...]  # the page table; pages from start // page_size on are its own
+    params: SamplingParams
+    seed: int
+    sample_index: int  # >= 0 (a request's shared prefix samples as 0; its token is unused)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The scheduler's decision for one call; rows in the order results come back."""
+
+    kind: StepKind
+    rows: tuple[Row, ...]
+
+
+@dataclass
+class SchedulerStats:
+    """Counters of one scheduler since it was built (`peak_pages_used`: since the last
+    `reset_peak_memory`, including pages the prefix cache keeps)."""
+
+    num_prefill_steps: int = 0
+    num_decode_calls: int = 0
+    num_decode_steps: int = 0
+    num_prefill_tokens: int = 0
+    num_generated_tokens: int = 0
+    num_preemptions: int = 0
+    num_finished_requests: int = 0
+    num_cached_prompt_tokens: int = 0  # tokens a new sequence found in the prefix cache
+    peak_pages_used: int = 0
+
+
+@dataclass(eq=False)
+class Request:
+    """A queued prompt and its samples' results so far; the handle `abort_request` takes."""
+
+    request_id: int | str
+    prompt: list[int]
+    params: SamplingParams
+    seed: int
+    max_tokens: int
+    stop_ids: frozenset[int]
+    completions: list[Completion | None]
+    remaining: int
+
+
+class _Sequence:
+    """One sample being generated (or, with `is_prefix`, a request's shared prompt prefix)."""
+
+    def __init__(self, seq_id: int, request: Request, sample_index: int, tokens: list[int],
+                 allocator: PageAllocator, is_prefix: bool = False, slots: int = 1):
+        self.seq_id = seq_id
+        self.request = request
+        self.sample_index = sample_index
+        self.tokens = tokens
+        self.prompt_len = len(request.prompt)
+        self.num_computed = 0
+        self.table = PageTable(allocator)
+        self.logprobs: list[float] = []
+        self.is_prefix = is_prefix
+        self.slots = slots
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def needs_prefill(self) -> bool:
+        """More than the one token a decode step computes (a prefix: any token left)."""
+        left = len(self.tokens) - self.num_computed
+        return left > 0 if self.is_prefix else left > 1
+
+
+class Scheduler:
+    """Continuous batching over one pool of `num_pages` KV pages (see the module docstring)."""
+
+    def __init__(self, config: SamplerConfig, num_pages: int, eos_ids: frozenset[int], vocab_size: int):
+        self.config = config
+        self.page_size = config.kv_cache.page_size
+        self.buckets = Buckets.from_config(config)
+        self.allocator = PageAllocator(num_pages)
+        self.prefix_cache = PrefixCache(self.allocator, self.page_size) if config.enable_prefix_caching else None
+        self.eos_ids = eos_ids
+        self.vocab_size = vocab_size
+        self.share_prefix = config.share_prefix  # may be switched between requests
+        self.stats = SchedulerStats()
+        self.waiting: collections.deque[_Sequence] = collections.deque()
+        self.running: list[_Sequence] = []
+        self._rng = np.random.default_rng(config.seed)  # seeds for requests that bring none
+        self._seq_ids = itertools.count()
+        self._idle_steps = 0
+        self._in_flight: tuple[StepPlan, list[tuple[_Sequence, int]]] | None = None
+        self._finished: list[Request] = []
+
+    # ---- requests ----------------------------------------------------------------------
+
+    def add_request(self, request_id: int | str, prompt: list[int], params: SamplingParams) -> Request:
+        """Queue a prompt's n samples; `apply` returns the request once all of them
+        finish (completions ordered by sample index). Raises ValueError for a prompt the
+        scheduler cannot hold."""
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("empty prompt")
+        if len(prompt) >= self.config.max_model_len:
+            raise ValueError(
+                f"prompt of {len(prompt)} tokens leaves no room to generate within max_model_len="
+                f"{self.config.max_model_len}"
+            )
+        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**31 - 1))
+        stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
+        req = Request(
+            request_id=request_id,
+            prompt=prompt,
+            params=params,
+            seed=seed,
+            max_tokens=min(params.max_tokens, self.config.max_model_len - len(prompt)),
+            stop_ids=frozenset(stop),
+            completions=[None] * params.n,
+            remaining=params.n,
+        )
+        shared_len = (len(prompt) - 1) // self.page_size * self.page_size
+        if params.n > 1 and self.share_prefix and shared_len > 0 and params.n <= self.config.max_num_seqs:
+            self.waiting.append(self._new_seq(req, -1, prompt[:shared_len], is_prefix=True, slots=params.n))
+        else:
+            for i in range(params.n):
+                self.waiting.append(self._new_seq(req, i, list(prompt)))
+        return req
+
+    def abort_request(self, request: Request) -> None:
+        """Drop a request's unfinished sequences and free their pages."""
+        for queue in (self.running, self.waiting):
+            for seq in [s for s in queue if s.request is request]:
+                if seq.table.pages:
+                    seq.table.free()
+                queue.remove(seq)
+
+    def abort_all(self) -> list[Request]:
+        """Drop every sequence (and the plan in flight) and free its pages; returns the
+        unfinished requests."""
+        requests: dict[int, Request] = {}
+        for seq in list(self.running) + list(self.waiting):
+            if seq.table.pages:
+                seq.table.free()
+            requests[id(seq.request)] = seq.request
+        self.running.clear()
+        self.waiting.clear()
+        self._in_flight = None
+        return list(requests.values())
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- the prefix cache and memory -----------------------------------------------------
+
+    def set_prefix_caching(self, enabled: bool) -> None:
+        """Switch automatic prefix caching on or off between requests (off drops the cache)."""
+        if not enabled and self.prefix_cache is not None:
+            self.prefix_cache.clear()
+            self.prefix_cache = None
+        elif enabled and self.prefix_cache is None:
+            self.prefix_cache = PrefixCache(self.allocator, self.page_size)
+
+    def clear_prefix_cache(self) -> None:
+        """Forget the cached pages (their keys / values are stale or gone)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
+    @property
+    def num_cached_pages(self) -> int:
+        return len(self.prefix_cache) if self.prefix_cache is not None else 0
+
+    @property
+    def pages_used(self) -> int:
+        """Pages held by sequences (cached pages nobody holds are free on demand)."""
+        return self.allocator.num_used - self._num_evictable()
+
+    def reset_peak_memory(self) -> None:
+        self.allocator.reset_peak()
+        self.stats.peak_pages_used = self.allocator.num_used
+
+    # ---- deciding a call -----------------------------------------------------------------
+
+    def schedule(self) -> StepPlan | None:
+        """Admit waiting sequences, then plan one prefill step or one decode call. None
+        when nothing runs: no work, or every candidate preempted itself (the next call
+        re-admits them; more than a few such calls in a row is a scheduler bug)."""
+        if self._in_flight is not None:
+            raise RuntimeError("schedule() called before the previous plan was applied")
+        self._admit()
+        kind, rows = StepKind.PREFILL, self._schedule_prefill()
+        if not rows:
+            kind, rows = StepKind.DECODE, self._schedule_decode()
+        if not rows:
+            if self.has_work():
+                self._idle_steps += 1
+                if self._idle_steps > 3:
+                    raise RuntimeError(f"the scheduler made no progress: {asdict(self.stats)}, "
+                                       f"{len(self.waiting)} waiting, {len(self.running)} running")
+            else:
+                self._idle_steps = 0
+            return None
+        self._idle_steps = 0
+        plan = StepPlan(kind, tuple(self._row(seq, n, kind) for seq, n in rows))
+        self._in_flight = (plan, rows)
+        return plan
+
+    def _row(self, seq: _Sequence, n: int, kind: StepKind) -> Row:
+        start = seq.num_computed
+        assert seq.table.writable(start // self.page_size), "a step would write a shared page"
+        decode = kind is StepKind.DECODE
+        return Row(
+            tokens=(seq.tokens[-1],) if decode else tuple(seq.tokens[start:start + n]),
+            start=start,
+            num_steps=n if decode else 1,
+            pages=tuple(seq.table.pages),
+            params=seq.request.params,
+            seed=seq.request.seed,
+            sample_index=max(seq.sample_index, 0),
+        )
+
+    def _new_seq(self, req: Request, sample_index: int, tokens: list[int], is_prefix: bool = False,
+                 slots: int = 1) -> _Sequence:
+        return _Sequence(next(self._seq_ids), req, sample_index, tokens, self.allocator, is_prefix, slots)
+
+    def _slots_used(self) -> int:
+        return sum(s.slots for s in self.running)
+
+    def _admit(self) -> None:
+        while self.waiting:
+            seq = self.waiting[0]
+            if self._slots_used() + seq.slots > self.config.max_num_seqs:
+                return
+            need = pages_for(len(seq.tokens), self.page_size) - len(seq.table)
+            if self.running and need > self.allocator.num_free and need > self._num_available_pages():
+                return
+            self.running.append(self.waiting.popleft())
+            if self.prefix_cache is not None and not seq.table.pages and seq.num_computed == 0:
+                seq.table.adopt(self.prefix_cache.lookup(seq.tokens))
+                seq.num_computed = len(seq.table) * self.page_size
+                self.stats.num_cached_prompt_tokens += seq.num_computed
+
+    def _num_evictable(self) -> int:
+        return self.prefix_cache.num_evictable if self.prefix_cache is not None else 0
+
+    def _num_available_pages(self) -> int:
+        """Free pages plus the cached pages nobody holds (evicted on demand)."""
+        return self.allocator.num_free + self._num_evictable()
+
+    def _release(self, seq: _Sequence) -> None:
+        """Give up a sequence's pages, keeping its full computed pages in the prefix cache."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.register(seq.tokens, seq.table.pages, seq.num_computed)
+        seq.table.free()
+
+    def _preempt(self, seq: _Sequence) -> None:
+        self._release(seq)
+        seq.num_computed = 0
+        self.running.remove(seq)
+        self.waiting.appendleft(seq)
+        self.stats.num_preemptions += 1
+
+    def _reserve(self, seq: _Sequence, num_tokens: int) -> bool:
+        """Give `seq` pages for `num_tokens` tokens, evicting unreferenced cached pages,
+        then preempting later-admitted sequences, when the pool is dry. False when `seq`
+        itself had to be preempted."""
+        need = pages_for(num_tokens, self.page_size)
+        while True:
+            try:
+                seq.table.grow_to(need)
+                return True
+            except OutOfPagesError:
+                short = need - len(seq.table) - self.allocator.num_free
+                if self.prefix_cache is not None and self.prefix_cache.evict(short) == short:
+                    continue
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    return False
+
+    def _schedule_prefill(self) -> list[tuple[_Sequence, int]]:
+        """Chunks of the sequences with tokens to compute, in admission order, while the
+        padded `[rows bucket, chunk]` fits the token budget; (sequence, tokens) each."""
+        budget = self.config.max_num_batched_tokens
+        pad_rows = self.buckets.pad_rows
+        fitting = [c for c in self.buckets.chunk if pad_rows(1) * c <= budget] or [self.buckets.chunk[0]]
+        rows: list[tuple[_Sequence, int]] = []
+        chunk = 0
+        for seq in [s for s in self.running if s.needs_prefill]:
+            if seq not in self.running:  # preempted while reserving for an earlier row
+                continue
+            left = len(seq.tokens) - seq.num_computed
+            if not rows:
+                chunk = next((c for c in fitting if c >= left), fitting[-1])
+            if rows and (len(rows) + 1 > self.buckets.rows[-1] or pad_rows(len(rows) + 1) * chunk > budget):
+                break
+            n = min(left, chunk)
+            if self._reserve(seq, seq.num_computed + n):
+                rows.append((seq, n))
+        return rows
+
+    def _schedule_decode(self) -> list[tuple[_Sequence, int]]:
+        """Every decode-ready running sequence, with the number of steps it runs in this
+        call (up to `num_scheduler_steps`, never past its max_tokens) and pages for them."""
+        rows = []
+        for seq in list(self.running):
+            if seq not in self.running or seq.needs_prefill:
+                continue
+            n = min(self.config.num_scheduler_steps, seq.request.max_tokens - seq.num_generated)
+            if self._reserve(seq, len(seq.tokens) - 1 + n):
+                rows.append((seq, n))
+        return [(s, n) for s, n in rows if s in self.running]
+
+    # ---- taking a call's results ---------------------------------------------------------
+
+    def apply(self, plan: StepPlan, tokens: np.ndarray, logprobs: np.ndarray) -> list[Request]:
+        """Take the sampled `tokens` / `logprobs` `[rows, steps]` of the plan last
+        returned by `schedule` (prefill: column 0; decode: a row's first `num_steps`
+        columns). Returns the requests whose last sample finished in this call."""
+        if self._in_flight is None or self._in_flight[0] is not plan:
+            raise RuntimeError("apply() of a plan that is not the one in flight")
+        rows = self._in_flight[1]
+        self._in_flight = None
+        self.stats.peak_pages_used = max(self.stats.peak_pages_used, self.allocator.peak_used)
+        if plan.kind is StepKind.PREFILL:
+            self.stats.num_prefill_steps += 1
+            self.stats.num_prefill_tokens += sum(n for _, n in rows)
+            for i, (seq, n) in enumerate(rows):
+                seq.num_computed += n
+                if seq.num_computed < len(seq.tokens):
+                    continue  # mid-prompt chunk: nothing to sample yet
+                if seq.is_prefix:
+                    self._fork(seq)
+                else:
+                    self._append(seq, int(tokens[i, 0]), float(logprobs[i, 0]))
+        else:
+            self.stats.num_decode_calls += 1
+            self.stats.num_decode_steps += max(n for _, n in rows)
+            for i, (seq, n) in enumerate(rows):
+                for j in range(n):
+                    seq.num_computed += 1
+                    if self._append(seq, int(tokens[i, j]), float(logprobs[i, j])):
+                        break
+        finished, self._finished = self._finished, []
+        return finished
+
+    def _fork(self, prefix: _Sequence) -> None:
+        req = prefix.request
+        children = []
+        for i in range(req.params.n):
+            child = self._new_seq(req, i, list(req.prompt))
+            child.table.share_from(prefix.table, len(prefix.table))
+            child.num_computed = prefix.num_computed
+            children.append(child)
+        if self.prefix_cache is not None:  # the prompt's full pages, for later requests
+            self.prefix_cache.register(prefix.tokens, prefix.table.pages, prefix.num_computed)
+        prefix.table.free()
+        at = self.running.index(prefix)
+        self.running[at:at + 1] = children
+
+    def _append(self, seq: _Sequence, token: int, logprob: float) -> bool:
+        """Add a sampled token; True when it finished the sequence."""
+        seq.tokens.append(token)
+        seq.logprobs.append(logprob)
+        self.stats.num_generated_tokens += 1
+        req = seq.request
+        if token in req.stop_ids:
+            self._finish(seq, "stop")
+        elif seq.num_generated >= req.max_tokens:
+            self._finish(seq, "length")
+        else:
+            return False
+        return True
+
+    def _finish(self, seq: _Sequence, reason: str) -> None:
+        self._release(seq)
+        self.running.remove(seq)
+        req = seq.request
+        req.completions[seq.sample_index] = Completion(
+            request_index=req.request_id,
+            sample_index=seq.sample_index,
+            prompt_token_ids=req.prompt,
+            token_ids=seq.tokens[seq.prompt_len:],
+            logprobs=seq.logprobs,
+            finish_reason=reason,  # type: ignore[arg-type]
+        )
+        req.remaining -= 1
+        if req.remaining == 0:
+            self.stats.num_finished_requests += 1
+            self._finished.append(req)

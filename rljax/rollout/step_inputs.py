@@ -1,0 +1,139 @@
+"""The arrays of one compiled rollout call, typed, and their packing from a `StepPlan`.
+
+Host numpy arrays padded to the compiled buckets (`rljax.rollout.buckets`): B rows
+(padded rows point at the null page 0, are greedy and their results are dropped), T
+tokens per prefill row, W page-table entries per row (unused ones: page 0). They are
+registered pytrees, so a whole structure passes through `jax.jit` as one argument and
+each kind of call has its own structure (a decode call takes no prefill-only arrays).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from rljax.rollout.buckets import Buckets
+from rljax.rollout.scheduler import Row, StepKind
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class SamplingInputs:
+    """How each row samples (`rljax.rollout.sampling`)."""
+
+    temperature: np.ndarray  # [B] float32, 0 = greedy
+    top_k: np.ndarray  # [B] int32, 0 = off
+    top_p: np.ndarray  # [B] float32, 1 = off
+    min_p: np.ndarray  # [B] float32, 0 = off
+    seeds: np.ndarray  # [B] uint32
+    streams: np.ndarray  # [B, 2] uint32, the request stream's high and low 32 bits
+    sample_index: np.ndarray  # [B] int32
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class PrefillInputs:
+    """Row b computes a chunk of its known tokens and samples from its last one's logits."""
+
+    tokens: np.ndarray  # [B, T] int32, the chunk
+    positions: np.ndarray  # [B, T] int32, absolute positions (padding repeats the last)
+    valid: np.ndarray  # [B, T] bool, False on padding (its keys / values go to page 0)
+    page_table: np.ndarray  # [B, W] int32
+    kv_lens: np.ndarray  # [B] int32, tokens in the cache once the chunk is written
+    last_index: np.ndarray  # [B] int32, the column whose logits are sampled
+    sampling: SamplingInputs
+
+    @property
+    def label(self) -> str:
+        return f"[{self.tokens.shape[0]}x{self.tokens.shape[1]}, W={self.page_table.shape[1]}]"
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class DecodeInputs:
+    """Row b feeds its last token and runs `n_steps[b]` decode steps, each step's sampled
+    token feeding the next (later steps write only page 0; their tokens are dropped)."""
+
+    tokens: np.ndarray  # [B] int32, the row's last token
+    positions: np.ndarray  # [B] int32, its absolute position
+    page_table: np.ndarray  # [B, W] int32, pages for every step of the call
+    n_steps: np.ndarray  # [B] int32, steps this row runs (0 on padding)
+    sampling: SamplingInputs
+
+    @property
+    def label(self) -> str:
+        return f"[{self.tokens.shape[0]}x1, W={self.page_table.shape[1]}]"
+
+
+StepInputs = PrefillInputs | DecodeInputs
+
+
+def _page_table(rows: Sequence[Row], b: int, buckets: Buckets) -> np.ndarray:
+    w = buckets.pad_width(max(len(r.pages) for r in rows))
+    page_table = np.zeros((b, w), np.int32)  # [B, W]
+    for i, r in enumerate(rows):
+        page_table[i, : len(r.pages)] = r.pages
+    return page_table
+
+
+def _sampling(rows: Sequence[Row], b: int) -> SamplingInputs:
+    s = SamplingInputs(
+        temperature=np.zeros(b, np.float32),
+        top_k=np.zeros(b, np.int32),
+        top_p=np.ones(b, np.float32),
+        min_p=np.zeros(b, np.float32),
+        seeds=np.zeros(b, np.uint32),
+        streams=np.zeros((b, 2), np.uint32),
+        sample_index=np.zeros(b, np.int32),
+    )
+    for i, r in enumerate(rows):
+        p = r.params
+        s.temperature[i] = p.temperature
+        s.top_k[i] = p.top_k
+        s.top_p[i] = p.top_p
+        s.min_p[i] = p.min_p
+        s.seeds[i] = r.seed % 2**32
+        s.streams[i] = divmod(p.stream, 2**32)
+        s.sample_index[i] = r.sample_index
+    return s
+
+
+def pack_prefill(rows: Sequence[Row], buckets: Buckets) -> PrefillInputs:
+    b = buckets.pad_rows(len(rows))
+    t = buckets.pad_chunk(max(len(r.tokens) for r in rows))
+    tokens = np.zeros((b, t), np.int32)
+    positions = np.zeros((b, t), np.int32)
+    valid = np.zeros((b, t), bool)
+    kv_lens = np.zeros(b, np.int32)
+    last_index = np.zeros(b, np.int32)
+    for i, r in enumerate(rows):
+        n = len(r.tokens)
+        tokens[i, :n] = r.tokens
+        positions[i, :n] = np.arange(r.start, r.start + n)
+        positions[i, n:] = r.start + n - 1
+        valid[i, :n] = True
+        kv_lens[i] = r.start + n
+        last_index[i] = n - 1
+    return PrefillInputs(tokens, positions, valid, _page_table(rows, b, buckets), kv_lens, last_index,
+                         _sampling(rows, b))
+
+
+def pack_decode(rows: Sequence[Row], buckets: Buckets) -> DecodeInputs:
+    b = buckets.pad_rows(len(rows))
+    tokens = np.zeros(b, np.int32)
+    positions = np.zeros(b, np.int32)
+    n_steps = np.zeros(b, np.int32)
+    for i, r in enumerate(rows):
+        (tokens[i],) = r.tokens
+        positions[i] = r.start
+        n_steps[i] = r.num_steps
+    return DecodeInputs(tokens, positions, _page_table(rows, b, buckets), n_steps, _sampling(rows, b))
+
+
+PACKERS: dict[StepKind, Callable[[Sequence[Row], Buckets], StepInputs]] = {
+    StepKind.PREFILL: pack_prefill,
+    StepKind.DECODE: pack_decode,
+}
