@@ -136,15 +136,6 @@ class Engine:
     def share_prefix(self, value: bool) -> None:
         self.scheduler.share_prefix = value
 
-    # tests/rl/test_request_streams.py spies on every appended token through `engine._append`.
-    @property
-    def _append(self):
-        return self.scheduler._append
-
-    @_append.setter
-    def _append(self, fn) -> None:
-        self.scheduler._append = fn
-
     # ---- introspection -----------------------------------------------------------------
 
     @property

@@ -67,14 +67,14 @@ def test_request_streams_are_unique_and_in_range():
 def test_three_turn_episode_never_reuses_a_key(tiny):
     tok, sampler = tiny
     used = []  # (seed, stream, sample index, absolute position) of every kept token
-    engine = sampler.engine
-    append = engine._append
+    scheduler = sampler.engine.scheduler
+    append = scheduler._append
 
     def spy(seq, token, logprob):
         used.append((seq.request.seed, seq.request.params.stream, max(seq.sample_index, 0), len(seq.tokens)))
         return append(seq, token, logprob)
 
-    engine._append = spy
+    scheduler._append = spy
     try:
         # half the vocabulary ends a turn, so turns are short and end with "stop" (a turn
         # ending by length would end the episode)
@@ -84,7 +84,7 @@ def test_three_turn_episode_never_reuses_a_key(tiny):
         config = AgentConfig(max_turns=3, max_tokens_per_turn=32, max_response_tokens=200)
         (traj,) = asyncio.run(run_episodes(RolloutSamplerAdapter(sampler), episodes, tok, config))
     finally:
-        engine._append = append
+        scheduler._append = append
     assert traj.num_turns == 3
     assert len(used) == sum(traj.response_mask)  # every sampled token was seen
     keys = np.asarray(jax.random.key_data(row_keys(
