@@ -49,7 +49,7 @@ from rljax.agent.environment import EnvStep, Environment
 from rljax.agent.parser import ToolCall, get_tool_parser
 from rljax.agent.protocol import (
     AsyncSampler,
-    GenerateRequest,
+    TurnRequest,
     get_param,
     validate_completion,
     with_max_tokens,
@@ -98,7 +98,7 @@ class AgentLoop:
     """Runs episodes against an `AsyncSampler` with tools or an environment.
 
     Args:
-        sampler: anything with ``async generate_async(GenerateRequest) -> Completion``.
+        sampler: anything with ``async generate_async(TurnRequest) -> TurnOutput``.
         tokenizer: a Hugging Face tokenizer with a chat template.
         config: `AgentConfig`.
         tools: tools by function name; default: loaded from ``config.tool_config_path``.
@@ -259,7 +259,7 @@ class _EpisodeRun:
         max_tokens = remaining
         if self.cfg.max_tokens_per_turn is not None:
             max_tokens = min(max_tokens, self.cfg.max_tokens_per_turn)
-        request = GenerateRequest(
+        request = TurnRequest(
             prompt_token_ids=self.buf.token_buffer(),
             sampling_params=with_max_tokens(self.sampling_params, max_tokens),
         )

@@ -7,14 +7,14 @@ flight because every episode awaits its own request.
 
 Conventions (the real sampler adapts to these; field names are part of the contract):
 
-- `GenerateRequest.prompt_token_ids` is the episode's whole token buffer so far (prompt plus
+- `TurnRequest.prompt_token_ids` is the episode's whole token buffer so far (prompt plus
   every sampled and observation token), never a re-rendered chat.
-- `GenerateRequest.sampling_params` is passed through opaquely. The loop only sets
+- `TurnRequest.sampling_params` is passed through opaquely. The loop only sets
   `max_tokens` (to the per-turn budget; the caller's value is replaced) and reads
   `stop_token_ids`; it works with a `dict` or with any object with those attributes (a
   dataclass is copied with `dataclasses.replace`; the caller's object is never mutated).
-- `Completion.token_ids` are the sampled ids *including* the stop token when generation
-  stopped on one (`finish_reason == "stop"`), exactly as sampled; `Completion.logprobs[i]` is
+- `TurnOutput.token_ids` are the sampled ids *including* the stop token when generation
+  stopped on one (`finish_reason == "stop"`), exactly as sampled; `TurnOutput.logprobs[i]` is
   the sampling-time logprob of `token_ids[i]` (same length).
 - `finish_reason` is `"stop"` (a stop token was sampled) or `"length"` (hit `max_tokens`).
 """
@@ -31,7 +31,7 @@ FINISH_REASONS = ("stop", "length")
 
 
 @dataclass
-class GenerateRequest:
+class TurnRequest:
     """One generation request: the full token buffer and opaque sampling parameters."""
 
     prompt_token_ids: list[int]
@@ -39,7 +39,7 @@ class GenerateRequest:
 
 
 @dataclass
-class Completion:
+class TurnOutput:
     """What the sampler returns for one request (see module docstring for conventions)."""
 
     token_ids: list[int]
@@ -52,9 +52,9 @@ class Completion:
 
 @runtime_checkable
 class AsyncSampler(Protocol):
-    """Anything with an awaitable `generate_async(request) -> Completion`."""
+    """Anything with an awaitable `generate_async(request) -> TurnOutput`."""
 
-    async def generate_async(self, request: GenerateRequest) -> Completion: ...
+    async def generate_async(self, request: TurnRequest) -> TurnOutput: ...
 
 
 def get_param(params: Any, name: str, default: Any = None) -> Any:
@@ -88,10 +88,10 @@ def validate_completion(completion: Any, max_tokens: int | None = None) -> None:
     """
     n_tok, n_lp = len(completion.token_ids), len(completion.logprobs)
     if n_tok != n_lp:
-        raise ValueError(f"Completion has {n_tok} token_ids but {n_lp} logprobs")
+        raise ValueError(f"TurnOutput has {n_tok} token_ids but {n_lp} logprobs")
     if completion.finish_reason not in FINISH_REASONS:
         raise ValueError(
-            f"Completion.finish_reason must be one of {FINISH_REASONS}, got {completion.finish_reason!r}"
+            f"TurnOutput.finish_reason must be one of {FINISH_REASONS}, got {completion.finish_reason!r}"
         )
     if max_tokens is not None and n_tok > max_tokens:
         raise ValueError(f"sampler returned {n_tok} tokens for max_tokens={max_tokens}")

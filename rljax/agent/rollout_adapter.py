@@ -4,7 +4,7 @@ The rollout sampler's ``generate_async(GenerationRequest)`` returns a *list* of 
 (one per sample, ``n`` of them) and takes its own `SamplingParams`. The agent loop asks for
 one continuation per request, so this adapter converts the request (a params ``dict`` becomes
 ``SamplingParams(**dict)``; a `SamplingParams` passes through; ``n`` must be 1) and returns
-the single completion as an agent `Completion`. `rljax.rollout` is imported lazily, so the
+the single completion as the agent's `TurnOutput`. `rljax.rollout` is imported lazily, so the
 agent package does not depend on it (or on JAX) at import time.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rljax.agent.protocol import Completion, GenerateRequest
+from rljax.agent.protocol import TurnOutput, TurnRequest
 
 
 class RolloutSamplerAdapter:
@@ -22,7 +22,7 @@ class RolloutSamplerAdapter:
     def __init__(self, sampler: Any):
         self.sampler = sampler
 
-    async def generate_async(self, request: GenerateRequest) -> Completion:
+    async def generate_async(self, request: TurnRequest) -> TurnOutput:
         from rljax.rollout.params import GenerationRequest, SamplingParams
 
         params: Any = request.sampling_params
@@ -37,4 +37,4 @@ class RolloutSamplerAdapter:
             if len(out) != 1:
                 raise ValueError(f"expected one completion, got {len(out)}")
             out = out[0]
-        return Completion(list(out.token_ids), [float(x) for x in out.logprobs], str(out.finish_reason))
+        return TurnOutput(list(out.token_ids), [float(x) for x in out.logprobs], str(out.finish_reason))

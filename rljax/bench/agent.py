@@ -46,7 +46,7 @@ def add_arguments(p) -> None:
 
 
 def _scripted(args) -> dict:
-    from rljax.agent.bench_concurrency import run_benchmark
+    from rljax.bench.scripted_agent import run_benchmark
 
     result = run_benchmark(args.episodes, args.turns, args.sampler_latency, args.tool_latency)
     return {"mode": "scripted", **result}

@@ -3,7 +3,7 @@
 Tokenizers: when ``RLJAX_TEST_TOKENIZERS`` points at a folder with ``qwen2.5-instruct/`` and
 ``qwen3/`` (CI sets it to the shared fixtures), the real Qwen2.5 and Qwen3 tokenizers with
 their real chat templates are used. Otherwise the tests train two tiny byte-level BPE
-tokenizers themselves (`rljax.agent.testing.build_tiny_chat_tokenizer`), save them as
+tokenizers themselves (`rljax.bench.scripted_agent.build_tiny_chat_tokenizer`), save them as
 `PreTrainedTokenizerFast` and load them back: a Qwen2.5-like template ("hermes") and one that
 drops earlier ``<think>`` blocks like Qwen3 ("think").
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rljax.agent.testing import build_tiny_chat_tokenizer
+from rljax.bench.scripted_agent import build_tiny_chat_tokenizer
 
 ENV_VAR = "RLJAX_TEST_TOKENIZERS"
 

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from rljax.agent import AgentConfig, AgentLoop, Episode, run_episodes
-from rljax.agent.bench_concurrency import run_benchmark
-from rljax.agent.testing import ScriptedSampler
+from rljax.bench.scripted_agent import run_benchmark
+from rljax.bench.scripted_agent import ScriptedSampler
 
 from .helpers import SleepTool, enc, hermes_call, run
 

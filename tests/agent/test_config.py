@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from rljax.agent import AgentConfig, AgentLoop, EnvironmentConfig, Episode, run_episodes
-from rljax.agent.testing import ScriptedSampler
+from rljax.bench.scripted_agent import ScriptedSampler
 from rljax.agent.tools import TOOL_CLASSES, CalculatorTool, PythonSandboxTool, Tool, load_tools, register_tool
 
 from .helpers import enc, hermes_call, run

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from rljax.agent import AgentConfig, Episode, run_episodes
-from rljax.agent.testing import ScriptedSampler
+from rljax.bench.scripted_agent import ScriptedSampler
 from rljax.agent.tools import PythonSandboxTool
 from rljax.agent.trajectory import OBSERVATION
 

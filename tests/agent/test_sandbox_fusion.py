@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from rljax.agent import AgentConfig, Episode, run_episodes
-from rljax.agent.testing import ScriptedSampler
+from rljax.bench.scripted_agent import ScriptedSampler
 from rljax.agent.tools import load_tools
 from rljax.agent.tools.sandbox_fusion import SandboxFusionTool
 from rljax.agent.trajectory import OBSERVATION

@@ -14,7 +14,7 @@ import pytest
 
 from rljax.agent import AgentConfig, Environment, EnvStep, Episode, pack_trajectories, run_episodes
 from rljax.agent.chat import TRUNCATION_NOTE, ChatFormatter, ChatTemplateError
-from rljax.agent.testing import ScriptedSampler
+from rljax.bench.scripted_agent import ScriptedSampler
 from rljax.agent.tools import CalculatorTool
 from rljax.agent.trajectory import OBSERVATION, SAMPLED
 
@@ -389,7 +389,7 @@ def test_rollout_sampler_adapter(hermes_tok):
 
 
 def test_end_of_turn_token_is_detected_from_the_template():
-    from rljax.agent.testing import build_tiny_chat_tokenizer
+    from rljax.bench.scripted_agent import build_tiny_chat_tokenizer
 
     tok = build_tiny_chat_tokenizer("hermes")
     tok.eos_token = "<|endoftext|>"  # like Qwen base tokenizers

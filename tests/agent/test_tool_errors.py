@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from rljax.agent import AgentConfig, Episode, collect_metrics, run_episodes
-from rljax.agent.testing import ScriptedSampler
+from rljax.bench.scripted_agent import ScriptedSampler
 from rljax.agent.tools import CalculatorTool, Tool, ToolResult
 from rljax.agent.trajectory import OBSERVATION
 

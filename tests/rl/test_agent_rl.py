@@ -27,7 +27,7 @@ import yaml
 
 from rljax.agent import AgentConfig, Episode, run_episodes
 from rljax.agent.chat import ChatFormatter
-from rljax.agent.testing import ScriptedSampler
+from rljax.bench.scripted_agent import ScriptedSampler
 from rljax.agent.tools.registry import load_tools
 from rljax.config import load_config
 from rljax.data.config import DataConfig

@@ -1,6 +1,9 @@
-"""Test and benchmark helpers: scripted fake samplers and a tiny self-built chat tokenizer.
+"""The scripted stand-ins of `rljax bench agent` (default mode), which the agent tests reuse.
 
-Nothing here is used by the agent loop itself. The tokenizer is trained on the spot with the
+`ScriptedSampler` answers each request from a script after a fixed latency (overlapping
+requests overlap, as in a continuously batched engine) and `run_benchmark` times episodes
+with a sleeping tool, all in flight vs one at a time. Nothing here is used by the agent
+loop itself. The tokenizer is trained on the spot with the
 `tokenizers` library (byte-level BPE with Qwen's pre-tokenizer regex and ``<|im_start|>`` /
 ``<|im_end|>`` special tokens) and wrapped as a `transformers.PreTrainedTokenizerFast` with a
 small Jinja chat template, so tests and benches run without any downloaded tokenizer:
@@ -15,11 +18,15 @@ small Jinja chat template, so tests and benches run without any downloaded token
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rljax.agent.protocol import Completion, GenerateRequest, get_param
+from rljax.agent.config import AgentConfig
+from rljax.agent.loop import AgentLoop, Episode
+from rljax.agent.protocol import TurnOutput, TurnRequest, get_param
+from rljax.agent.tools.base import Tool, ToolResult
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _QWEN_SPLIT = (
@@ -124,7 +131,7 @@ def fake_logprob(token_id: int, position: int) -> float:
     return -0.01 - ((token_id * 31 + position * 7) % 997) / 1000.0
 
 
-Script = Sequence[Sequence[int]] | Callable[[int, GenerateRequest], Sequence[int]]
+Script = Sequence[Sequence[int]] | Callable[[int, TurnRequest], Sequence[int]]
 
 
 class ScriptedSampler:
@@ -141,8 +148,8 @@ class ScriptedSampler:
     def __init__(self, script: Script, latency_s: float = 0.0):
         self.script = script
         self.latency_s = latency_s
-        self.requests: list[GenerateRequest] = []
-        self.completions: list[Completion] = []
+        self.requests: list[TurnRequest] = []
+        self.completions: list[TurnOutput] = []
         self.events: list[tuple[str, int]] = []  # ("start"|"end", request number)
         self._known: dict[int, dict[tuple[int, ...], int]] = {}  # length -> buffer -> turns
         self.in_flight = 0
@@ -157,7 +164,7 @@ class ScriptedSampler:
                     return turn
         return 0
 
-    async def generate_async(self, request: GenerateRequest) -> Completion:
+    async def generate_async(self, request: TurnRequest) -> TurnOutput:
         n = len(self.requests)
         self.requests.append(request)
         self.events.append(("start", n))
@@ -181,9 +188,59 @@ class ScriptedSampler:
             logprobs = [fake_logprob(t, len(prompt) + i) for i, t in enumerate(tokens)]
             key = tuple(prompt + tokens)
             self._known.setdefault(len(key), {})[key] = turn + 1
-            completion = Completion(tokens, logprobs, finish)
+            completion = TurnOutput(tokens, logprobs, finish)
             self.completions.append(completion)
             return completion
         finally:
             self.in_flight -= 1
             self.events.append(("end", n))
+
+
+class _SleepTool(Tool):
+    default_schema = {
+        "type": "function",
+        "function": {"name": "sleep", "description": "Wait.",
+                     "parameters": {"type": "object", "properties": {"seconds": {"type": "number"}},
+                                    "required": ["seconds"]}},
+    }
+
+    async def call(self, arguments: dict[str, Any], state: Any) -> ToolResult:
+        await asyncio.sleep(float(arguments["seconds"]))
+        return ToolResult("ok")
+
+
+def run_benchmark(num_episodes: int = 64, turns: int = 3, sampler_latency_s: float = 0.05,
+                  tool_latency_s: float = 0.05, tokenizer: Any = None) -> dict[str, float]:
+    """Run the benchmark and return throughput figures (episodes/s) and the speedup."""
+    tok = tokenizer if tokenizer is not None else build_tiny_chat_tokenizer("hermes")
+    call = ('<tool_call>\n{"name": "sleep", "arguments": {"seconds": ' + repr(tool_latency_s)
+            + '}}\n</tool_call><|im_end|>')
+    script = [tok.encode(call, add_special_tokens=False)] * (turns - 1)
+    script.append(tok.encode("The answer is 42.<|im_end|>", add_special_tokens=False))
+    cfg = AgentConfig(max_turns=turns, max_response_tokens=8192)
+    episodes = [Episode(messages=[{"role": "user", "content": f"Task number {i}."}])
+                for i in range(num_episodes)]
+
+    def once(max_concurrency: int | None) -> tuple[float, ScriptedSampler]:
+        sampler = ScriptedSampler(script, latency_s=sampler_latency_s)
+        loop = AgentLoop(sampler, tok, cfg, tools=[_SleepTool()])
+        t0 = time.perf_counter()
+        trajs = asyncio.run(loop.run(episodes, max_concurrency=max_concurrency))
+        elapsed = time.perf_counter() - t0
+        assert all(t.num_turns == turns and t.termination == "stop" for t in trajs)
+        return elapsed, sampler
+
+    concurrent_s, sampler = once(None)
+    sequential_s, _ = once(1)
+    return {
+        "num_episodes": num_episodes,
+        "turns": turns,
+        "sampler_latency_s": sampler_latency_s,
+        "tool_latency_s": tool_latency_s,
+        "concurrent_s": concurrent_s,
+        "sequential_s": sequential_s,
+        "concurrent_episodes_per_s": num_episodes / concurrent_s,
+        "sequential_episodes_per_s": num_episodes / sequential_s,
+        "speedup": sequential_s / concurrent_s,
+        "max_requests_in_flight": sampler.max_in_flight,
+    }
