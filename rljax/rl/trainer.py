@@ -90,7 +90,8 @@ class RLTrainer:
             self.critic = make_learner(critic_module, c.optim, critic_objective(c), None, cfg, self.mesh,
                                        c.ppo_mini_batch_size, c.ppo_micro_batch_size_per_device, c.ppo_epochs,
                                        True, CRITIC_KEYS, cfg.trainer.seed + 1)
-        self.forwards = BatchForwards.of(cfg, self.actor.graphdef, None if self.critic is None else self.critic.graphdef)
+        critic_graph = None if self.critic is None else self.critic.graphdef
+        self.forwards = BatchForwards.of(cfg, self.actor.graphdef, critic_graph)
         self.agent_config = agent_config(cfg.agent) if cfg.agent else None
         self.kl_ctrl = get_kl_controller(alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl, alg.kl_ctrl.horizon)
         self.advantage_fn = get_adv_estimator_fn(alg.adv_estimator)
@@ -103,9 +104,10 @@ class RLTrainer:
         # reference-answer perplexity in validation is scored at temperature 1
         self.val_log_probs = None if self.agent_config is not None else (
             self.forwards.log_probs if r.temperature == 1.0 else make_log_prob_fn(self.actor.graphdef, 1.0))
-        for close in (self.sampler.close, self.rewards.close) + (
-                (self.model_rewards.close,) if self.model_rewards is not None else ()):
-            self.run.on_close(close)
+        self.run.on_close(self.sampler.close)
+        self.run.on_close(self.rewards.close)
+        if self.model_rewards is not None:
+            self.run.on_close(self.model_rewards.close)
         self.train_data = make_dataset(cfg.data, self.tokenizer, "train")
         self.flops_peak = peak_flops(cfg.trainer.peak_flops_per_device) * jax.device_count()
         self.step_count = self._resume()
