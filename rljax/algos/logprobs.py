@@ -30,7 +30,7 @@ def align_next_token(per_position: ArrayLike) -> jax.Array:
     per_position[:, t] is about the distribution at position t (which predicts token t + 1);
     the result r has r[:, t] = per_position[:, t - 1] and r[:, 0] = 0.
     """
-    x = jnp.asarray(per_position)
+    x = jnp.asarray(per_position)  # [B, T]
     return jnp.concatenate([jnp.zeros_like(x[:, :1]), x[:, :-1]], axis=1)
 
 
@@ -41,15 +41,15 @@ def entropy_from_logits(logits: ArrayLike) -> jax.Array:
 
     (verl `torch_functional.entropy_from_logits`). [..., V] -> [...], float32.
     """
-    z = jnp.asarray(logits).astype(jnp.float32)
-    lse = jax.nn.logsumexp(z, axis=-1)
+    z = jnp.asarray(logits).astype(jnp.float32)  # [..., V]
+    lse = jax.nn.logsumexp(z, axis=-1)  # [...]
     return lse - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
 
 
 def _target_log_probs(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """log softmax(logits)[target] over the last axis; float32 logits."""
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    lse = jax.nn.logsumexp(logits, axis=-1)  # [...]
+    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]  # [...]
     return picked - lse
 
 
@@ -58,7 +58,7 @@ def token_log_probs(logits: ArrayLike, input_ids: ArrayLike, temperature: float 
 
     out[:, t] = log_softmax(logits[:, t - 1] / temperature)[input_ids[:, t]],  out[:, 0] = 0
     """
-    z = jnp.asarray(logits)[:, :-1].astype(jnp.float32) / temperature
+    z = jnp.asarray(logits)[:, :-1].astype(jnp.float32) / temperature  # [B, T-1, V]
     return jnp.pad(_target_log_probs(z, jnp.asarray(input_ids)[:, 1:]), ((0, 0), (1, 0)))
 
 
@@ -86,9 +86,10 @@ def _chunk_stats(
     hidden: jax.Array, targets: jax.Array, unembed: jax.Array, temperature: float, compute_entropy: bool
 ) -> tuple[jax.Array, jax.Array]:
     """Target log-prob and entropy of a block of positions: hidden [..., H] -> ([...], [...])."""
-    logits = jnp.dot(hidden, unembed.astype(hidden.dtype), preferred_element_type=jnp.float32) / temperature
-    log_probs = _target_log_probs(logits, targets)
-    entropy = entropy_from_logits(logits) if compute_entropy else jnp.zeros_like(log_probs)
+    logits = jnp.dot(hidden, unembed.astype(hidden.dtype), preferred_element_type=jnp.float32)  # [..., V]
+    logits = logits / temperature
+    log_probs = _target_log_probs(logits, targets)  # [...]
+    entropy = entropy_from_logits(logits) if compute_entropy else jnp.zeros_like(log_probs)  # [...]
     return log_probs, entropy
 
 
@@ -120,7 +121,7 @@ def map_position_chunks(fn, weights, per_position: tuple, chunk_size: int | None
     dtypes = jax.tree.map(lambda w: w.dtype, weights)
     weights_acc = jax.tree.map(lambda w: w.astype(jnp.promote_types(w.dtype, jnp.float32)), weights)
     body = jax.checkpoint(lambda xs: fn(jax.tree.map(lambda w, d: w.astype(d), weights_acc, dtypes), *xs))
-    outputs = jax.lax.map(body, tuple(split(x) for x in per_position))
+    outputs = jax.lax.map(body, tuple(split(x) for x in per_position))  # [n_chunks, B, chunk] each
 
     def merge(y):  # [n_chunks, B, chunk] -> [B, T]
         return y.swapaxes(0, 1).reshape(y.shape[1], n_chunks * chunk_size)[:, :length]
@@ -165,10 +166,11 @@ def log_probs_from_hidden(
     unembed = jnp.asarray(unembed)
     input_ids = jnp.asarray(input_ids)
     # position t predicts token t + 1; the last position's "target" is dropped by the shift
-    targets = jnp.roll(input_ids, -1, axis=1)
+    targets = jnp.roll(input_ids, -1, axis=1)  # [B, T]
     stats = functools.partial(_chunk_stats, temperature=temperature, compute_entropy=compute_entropy)
-    log_probs, entropy = map_position_chunks(lambda w, h, t: stats(h, t, w), unembed, (hidden, targets), chunk_size)
-    log_probs = align_next_token(log_probs)
+    log_probs, entropy = map_position_chunks(  # [B, T] each, about the next token
+        lambda w, h, t: stats(h, t, w), unembed, (hidden, targets), chunk_size)
+    log_probs = align_next_token(log_probs)  # [B, T], about input_ids[:, t]
     if not compute_entropy:
         return log_probs
     return log_probs, align_next_token(entropy)

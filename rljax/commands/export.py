@@ -33,11 +33,31 @@ def check_out(out: str, overwrite: bool) -> None:
                          "delete its model files: choose a new folder, or pass --overwrite")
 
 
-def main(args) -> int:
-    from rljax.train.export import export_checkpoint
+# run kind (`rljax.runs.run_kind`) -> (module, function) writing its checkpoint as a Hugging Face
+# folder; imported when called, so `rljax --help` loads neither
+EXPORTERS: dict[str, tuple[str, str]] = {
+    "supervised": ("rljax.train.export", "export_checkpoint"),  # the trained module (reward model: its head)
+    "rl": ("rljax.rl.policy_checkpoint", "export_policy"),  # the actor alone
+}
 
+
+def export_run(path: str, out: str, step: int | None = None, dtype: str | None = None,
+               max_shard_size: str = "5GB") -> str:
+    """Export the run `path` names (a run directory, its checkpoints/ or one step) with the
+    exporter of its kind, read from the run's `config.yaml`."""
+    import importlib
+
+    from rljax.checkpoint import resolve_checkpoint
+    from rljax.runs import run_kind, saved_config
+
+    run_dir = os.path.dirname(resolve_checkpoint(path)[0])
+    module, name = EXPORTERS[run_kind(saved_config(run_dir), os.path.join(run_dir, "config.yaml"))]
+    export = getattr(importlib.import_module(module), name)
+    return export(path, out, step=step, dtype=dtype, max_shard_size=max_shard_size)
+
+
+def main(args) -> int:
     check_out(args.out, args.overwrite)
-    path = export_checkpoint(args.checkpoint, args.out, step=args.step, dtype=args.dtype,
-                             max_shard_size=args.max_shard_size)
+    path = export_run(args.checkpoint, args.out, step=args.step, dtype=args.dtype, max_shard_size=args.max_shard_size)
     print(f"wrote {path}")
     return 0

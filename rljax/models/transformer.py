@@ -9,6 +9,9 @@ with depth.
 The block is written as two pure functions of a dict of one layer's arrays
 (`attention_inputs`, `attention_output_and_mlp`) so that the sampler can run the very
 same math with a paged KV cache in place of full attention.
+
+Shape letters in the comments: B batch rows, T positions, E hidden size, N query heads,
+K key/value heads, D head dim, F MLP width, V vocabulary.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rljax.algos.logprobs import log_probs_from_hidden
 from rljax.models.attention import get_attention, segment_positions
 from rljax.models.config import DTypePolicy, ModelConfig, RopeConfig
 from rljax.parallel import constrain, gather_weight
@@ -124,18 +128,18 @@ ROPE_INV_FREQ: dict[str, Callable[[RopeConfig, int], np.ndarray]] = {
 
 def rope_cos_sin(positions: jax.Array, config: ModelConfig) -> tuple[jax.Array, jax.Array]:
     """cos and sin tables `[..., head_dim]` (float32) for integer `positions` `[...]`."""
-    inv_freq = jnp.asarray(ROPE_INV_FREQ[config.rope.rope_type](config.rope, config.head_dim))
-    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
-    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    inv_freq = jnp.asarray(ROPE_INV_FREQ[config.rope.rope_type](config.rope, config.head_dim))  # [D/2]
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [..., D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)  # [..., D]
     return jnp.cos(emb), jnp.sin(emb)
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     """x * cos + rotate_half(x) * sin on `[B, T, heads, D]` with tables `[B, T, D]`."""
     half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    cos = cos[:, :, None, :].astype(x.dtype)
-    sin = sin[:, :, None, :].astype(x.dtype)
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)  # [B, T, N, D]
+    cos = cos[:, :, None, :].astype(x.dtype)  # [B, T, 1, D]
+    sin = sin[:, :, None, :].astype(x.dtype)  # [B, T, 1, D]
     return x * cos + rotated * sin
 
 
@@ -144,18 +148,18 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """weight * x / sqrt(mean(x^2) + eps), the statistics in float32 (as HF)."""
-    x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    x32 = x.astype(jnp.float32)  # [..., E]
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)  # [..., E]
     return weight * normed.astype(x.dtype)
 
 
 def attention_inputs(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, config: ModelConfig):
     """Pre-norm, q/k/v projections (+bias), Qwen3 q/k norm, RoPE. Returns q `[B,T,N,D]`,
     k and v `[B,T,K,D]`."""
-    h = rms_norm(x, p["attn_norm"], config.rms_norm_eps)
-    q = jnp.einsum("bte,ehd->bthd", h, p["q_proj"])
-    k = jnp.einsum("bte,ehd->bthd", h, p["k_proj"])
-    v = jnp.einsum("bte,ehd->bthd", h, p["v_proj"])
+    h = rms_norm(x, p["attn_norm"], config.rms_norm_eps)  # [B, T, E]
+    q = jnp.einsum("bte,ehd->bthd", h, p["q_proj"])  # [B, T, N, D]
+    k = jnp.einsum("bte,ehd->bthd", h, p["k_proj"])  # [B, T, K, D]
+    v = jnp.einsum("bte,ehd->bthd", h, p["v_proj"])  # [B, T, K, D]
     if config.qkv_bias:
         q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
     if config.qk_norm:
@@ -168,17 +172,18 @@ def attention_inputs(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, conf
 
 
 def attention_output_and_mlp(p: dict, x: jax.Array, attn: jax.Array, config: ModelConfig) -> jax.Array:
-    """Output projection and residual, then the SwiGLU MLP and its residual."""
-    out = jnp.einsum("bthd,hde->bte", attn, p["o_proj"])
+    """Output projection and residual, then the SwiGLU MLP and its residual: `x` `[B, T, E]`
+    and `attn` `[B, T, N, D]` -> `[B, T, E]`."""
+    out = jnp.einsum("bthd,hde->bte", attn, p["o_proj"])  # [B, T, E]
     if config.out_bias:
         out = out + p["o_bias"]
-    x = x + out
-    h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)
-    gate = h @ p["gate_proj"]
-    up = h @ p["up_proj"]
+    x = x + out  # [B, T, E]
+    h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)  # [B, T, E]
+    gate = h @ p["gate_proj"]  # [B, T, F]
+    up = h @ p["up_proj"]  # [B, T, F]
     if config.mlp_bias:
         gate, up = gate + p["gate_bias"], up + p["up_bias"]
-    down = (jax.nn.silu(gate) * up) @ p["down_proj"]
+    down = (jax.nn.silu(gate) * up) @ p["down_proj"]  # [B, T, E]
     if config.mlp_bias:
         down = down + p["down_bias"]
     return constrain(x + down, ACTIVATION)
@@ -253,12 +258,13 @@ class Decoder(nnx.Module):
     # -- pieces the sampler and the chunked-logprob losses reuse --
 
     def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
-        table = gather_weight(self.embed[...], ("vocab", "embed"))
+        """`[B, T]` ids -> `[B, T, E]` embeddings in the compute dtype."""
+        table = gather_weight(self.embed[...], ("vocab", "embed"))  # [V, E]
         return constrain(table[input_ids].astype(self.policy.compute), ACTIVATION)
 
     def unembedding(self) -> jax.Array:
         """The `[hidden, vocab]` output matrix, in the compute dtype."""
-        w = self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]
+        w = self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]  # [E, V]
         return gather_weight(w, ("embed", "vocab")).astype(self.policy.compute)
 
     def layer_arrays(self) -> dict[str, jax.Array]:
@@ -281,27 +287,50 @@ class Decoder(nnx.Module):
         config = self.config
         if segment_ids is None:
             segment_ids = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
-        segment_ids = segment_ids.astype(jnp.int32)
+        segment_ids = segment_ids.astype(jnp.int32)  # [B, T]
         if positions is None:
-            positions = segment_positions(segment_ids)
-        cos, sin = rope_cos_sin(positions, config)
+            positions = segment_positions(segment_ids)  # [B, T]
+        cos, sin = rope_cos_sin(positions, config)  # [B, T, D] each
         attend = get_attention(self.attention)
 
         def block(x, p):
             # FSDP: gather this layer's weights right before use; pin the residual's layout
             p = {name: gather_weight(w, LAYER_PARAMS[name].axes[1:]) for name, w in p.items()}
-            x = constrain(x, ACTIVATION)
-            q, k, v = attention_inputs(p, x, cos, sin, config)
+            x = constrain(x, ACTIVATION)  # [B, T, E]
+            q, k, v = attention_inputs(p, x, cos, sin, config)  # [B, T, N, D], [B, T, K, D] x 2
             return attention_output_and_mlp(p, x, attend(q, k, v, segment_ids), config), None
 
         policy = REMAT_POLICIES[self.remat]
         if self.remat != "none":
             block = jax.checkpoint(block, policy=policy, prevent_cse=False)
-        x, _ = jax.lax.scan(block, self.embed_tokens(input_ids), self.layer_arrays())
+        x, _ = jax.lax.scan(block, self.embed_tokens(input_ids), self.layer_arrays())  # [B, T, E]
         return self.final_hidden(x)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
+        """`[B, T, E]` hidden states -> `[B, T, V]` float32 logits."""
         return jnp.einsum("bte,ev->btv", hidden, self.unembedding(), preferred_element_type=jnp.float32)
+
+    def token_log_probs(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        *,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        temperature: float = 1.0,
+        entropy: bool = False,
+    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        """log p(input_ids[t] | input_ids[< t]) at `temperature`, aligned with `input_ids`
+        (`[B, T]` float32, 0 at t = 0), and with `entropy` also the `[B, T]` entropy of the
+        distribution each token was drawn from.
+
+        The one way from a decoder to token log-probs: the SFT / DPO objectives, the RL
+        trainer's old / reference forwards and validation perplexity all read them here.
+        The logits are computed chunk by chunk over positions
+        (`rljax.algos.logprobs.log_probs_from_hidden`), never as one `[B, T, V]` array."""
+        hidden = self.hidden_states(input_ids, attention_mask, positions, segment_ids)  # [B, T, E]
+        return log_probs_from_hidden(hidden, self.unembedding(), input_ids, temperature=temperature,
+                                     compute_entropy=entropy)
 
     def __call__(
         self,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import defaultdict
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -27,10 +27,9 @@ from rljax.data import make_dataset
 from rljax.evaluation import validation_metrics
 from rljax.rl.batch import Sample, build_batch
 from rljax.rl.config import RLConfig
+from rljax.rl.forwards import LogProbFn, make_log_prob_fn
 from rljax.rl.generation import RoundFn
 from rljax.rl.rollout import sampling_params
-
-LogProbFn = Callable[[Any, Any, Any], Any]  # (params, input_ids, attention_mask) -> aligned log-probs
 
 
 def reference_text(ground_truth: Any, extra_info: Any) -> str:
@@ -110,7 +109,6 @@ def evaluate(cfg: RLConfig, checkpoint: str | None = None, work_dir: str = "runs
     from rljax.rl.generation import make_reward_manager, make_round_fn, make_sampler
     from rljax.rl.model_rewards import build_model_rewards
     from rljax.rl.policy_checkpoint import load_policy
-    from rljax.rl.trainer import make_log_prob_fn
     from rljax.train.setup import build_decoder, load_tokenizer
 
     if not cfg.data.val_files:

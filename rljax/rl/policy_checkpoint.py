@@ -13,15 +13,22 @@ import jax
 from flax import nnx
 
 from rljax.checkpoint import Checkpointer, resolve_checkpoint, restore_params
-from rljax.parallel import state_shardings
+from rljax.config import from_dict
+from rljax.models import save_hf
+from rljax.parallel import make_mesh, state_shardings
 from rljax.rl.config import RLConfig
+from rljax.runs import run_kind, saved_config
 from rljax.train.setup import build_decoder, load_tokenizer
 
 
 def load_policy(cfg: RLConfig, checkpoint: str, mesh, step: int | None = None):
-    """(decoder, tokenizer, step) of `checkpoint`: a run directory, its checkpoints/ or one
-    step directory; `step` (else the one named, else the latest)."""
+    """(decoder, tokenizer, step) of `checkpoint`: an RL run directory, its checkpoints/ or
+    one step directory; `step` (else the one named, else the latest)."""
     directory, named_step = resolve_checkpoint(checkpoint)
+    run_dir = os.path.dirname(directory)
+    if run_kind(saved_config(run_dir), os.path.join(run_dir, "config.yaml")) != "rl":
+        raise ValueError(f"{checkpoint}: a supervised run's checkpoint, with no RL policy in it; export it "
+                         "(rljax export) and set model.path to the export instead")
     step = step if step is not None else named_step
     if step is None:
         checkpointer = Checkpointer(directory, max_to_keep=None, async_save=False)
@@ -29,7 +36,7 @@ def load_policy(cfg: RLConfig, checkpoint: str, mesh, step: int | None = None):
         checkpointer.close()
     if step is None:
         raise FileNotFoundError(f"{directory}: no checkpoint")
-    tokenizer_dir = os.path.join(os.path.dirname(directory), "tokenizer")
+    tokenizer_dir = os.path.join(run_dir, "tokenizer")
     section = dataclasses.replace(cfg.model, tokenizer=tokenizer_dir) if os.path.isdir(tokenizer_dir) else cfg.model
     tokenizer = load_tokenizer(section)
     module = nnx.eval_shape(lambda: build_decoder(section, tokenizer, weights=False, mesh=mesh))
@@ -38,3 +45,14 @@ def load_policy(cfg: RLConfig, checkpoint: str, mesh, step: int | None = None):
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract, shardings)
     params = restore_params(directory, step, abstract, ("actor", "params"))
     return nnx.merge(graphdef, params), tokenizer, step
+
+
+def export_policy(path: str, out: str, step: int | None = None, dtype: str | None = None,
+                  max_shard_size: str = "5GB") -> str:
+    """`rljax export` of an RL run (`path`: its directory, checkpoints/ or one step): the
+    policy as a Hugging Face folder `out`, with the run's tokenizer."""
+    directory, _ = resolve_checkpoint(path)
+    cfg = from_dict(RLConfig, saved_config(os.path.dirname(directory)))
+    policy, tokenizer, _ = load_policy(cfg, path, make_mesh(cfg.mesh), step)
+    save_hf(policy, out, tokenizer=tokenizer, dtype=dtype, max_shard_size=max_shard_size)
+    return out

@@ -1,13 +1,12 @@
-"""Export a training checkpoint to a Hugging Face folder.
+"""Export a supervised run's checkpoint (SFT, reward model, DPO) to a Hugging Face folder.
 
 The run's saved `config.yaml` rebuilds the trained module abstractly (no memory), orbax
 restores the train state into that layout, and `save_hf` writes the weights one tensor
 at a time, with the run's tokenizer. A reward model is written as
 `*ForSequenceClassification` (`num_labels=1`).
 
-An RL run (its config has `actor` / `rollout` sections) exports its policy: only the
-actor's parameters are read from the checkpoint (an orbax partial restore; the optimizer
-state and the critic stay on disk).
+An RL run exports its policy through `rljax.rl.policy_checkpoint.export_policy`; `rljax
+export` picks the exporter by the run's kind (`rljax.runs.run_kind`).
 """
 
 from __future__ import annotations
@@ -16,13 +15,13 @@ import dataclasses
 import os
 
 import jax
-import yaml
 from flax import nnx
 
 from rljax.checkpoint import Checkpointer, resolve_checkpoint
 from rljax.config import from_dict
 from rljax.models import save_hf
 from rljax.parallel import make_mesh, state_shardings
+from rljax.runs import run_kind, saved_config
 from rljax.train.optim import make_optimizer
 from rljax.train.run_config import RunConfig
 from rljax.train.setup import build_decoder, load_tokenizer
@@ -30,19 +29,13 @@ from rljax.train.steps import init_train_state
 from rljax.train.tasks import make_task
 
 
-RL_SECTIONS = ("actor", "rollout")  # keys only an RL run's config has
-
-
-def _read_config_dict(run_dir: str) -> dict:
-    path = os.path.join(run_dir, "config.yaml")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{run_dir}: no config.yaml beside the checkpoints")
-    with open(path) as f:
-        return yaml.safe_load(f) or {}
-
-
 def load_run_config(run_dir: str) -> RunConfig:
-    return from_dict(RunConfig, _read_config_dict(run_dir))
+    """The `RunConfig` a supervised run saved in its folder."""
+    raw = saved_config(run_dir)
+    if run_kind(raw, os.path.join(run_dir, "config.yaml")) != "supervised":
+        raise ValueError(f"{run_dir}: an RL run; its policy is exported by rljax.rl.policy_checkpoint.export_policy "
+                         "(`rljax export` picks it)")
+    return from_dict(RunConfig, raw)
 
 
 def abstract_train_state(module: nnx.Module, cfg: RunConfig, mesh):
@@ -60,18 +53,11 @@ def abstract_train_state(module: nnx.Module, cfg: RunConfig, mesh):
 
 def export_checkpoint(path: str, out: str, step: int | None = None, dtype: str | None = None,
                       max_shard_size: str = "5GB") -> str:
+    """Write the checkpoint `path` names (a run directory, its checkpoints/ or one step;
+    `step`, else the one named, else the latest) as a Hugging Face folder `out`."""
     directory, found_step = resolve_checkpoint(path)
     run_dir = os.path.dirname(directory)
-    raw_cfg = _read_config_dict(run_dir)
-    if any(k in raw_cfg for k in RL_SECTIONS):
-        from rljax.rl.config import RLConfig
-        from rljax.rl.policy_checkpoint import load_policy
-
-        cfg = from_dict(RLConfig, raw_cfg)
-        policy, tokenizer, _ = load_policy(cfg, path, make_mesh(cfg.mesh), step)
-        save_hf(policy, out, tokenizer=tokenizer, dtype=dtype, max_shard_size=max_shard_size)
-        return out
-    cfg = from_dict(RunConfig, raw_cfg)
+    cfg = load_run_config(run_dir)
     tokenizer_dir = os.path.join(run_dir, "tokenizer")
     tokenizer = load_tokenizer(dataclasses.replace(cfg.model, tokenizer=tokenizer_dir)
                                if os.path.isdir(tokenizer_dir) else cfg.model)

@@ -3,8 +3,9 @@
 Each reads one micro-batch in the data contract of `rljax.data` and returns its loss as
 a (numerator, denominator) pair of sums, so the step normalises once over the whole
 mini-batch. `key` is the step's PRNG key (`rljax.train.steps.step_key`); these
-objectives are deterministic and ignore it. Token log-probs come from hidden states in chunks (`log_probs_from_hidden`),
-so the `[B, T, vocab]` logits are never materialised.
+objectives are deterministic and ignore it. Token log-probs come from the decoder's one
+entry point, `Decoder.token_log_probs` (chunked: the `[B, T, vocab]` logits are never
+materialised).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rljax.algos.logprobs import log_probs_from_hidden
 from rljax.algos.preference import bradley_terry_loss, dpo_loss, sequence_log_probs
 from rljax.algos.sft import sft_loss
 
@@ -34,16 +34,10 @@ class RMConfig:
     margin: float = 0.0  # subtracted from r_chosen - r_rejected (Llama 2's margin loss)
 
 
-def token_log_probs_of(model, input_ids, attention_mask=None, positions=None, segment_ids=None):
-    """Aligned `[B, T]` log p(input_ids[t] | < t) of a Decoder, chunked over tokens."""
-    hidden = model.hidden_states(input_ids, attention_mask, positions, segment_ids)
-    return log_probs_from_hidden(hidden, model.unembedding(), input_ids)
-
-
 def sft_objective(loss_agg_mode: str = "token-mean") -> Callable:
     def objective(model, batch, frozen, totals=None, key=None):
-        logp = token_log_probs_of(model, batch["input_ids"], positions=batch["positions"],
-                                  segment_ids=batch["segment_ids"])
+        logp = model.token_log_probs(batch["input_ids"], positions=batch["positions"],  # [B, T]
+                                     segment_ids=batch["segment_ids"])
         terms, metrics = sft_loss(logp, batch["loss_mask"], loss_agg_mode, return_terms=True)
         return terms, metrics
 
@@ -64,8 +58,8 @@ def dpo_objective(config: DPOConfig, reference_graphdef: nnx.GraphDef | None) ->
     average = config.loss_type == "ipo"
 
     def sequence_logps(model, ids, mask, loss_mask):
-        logp = token_log_probs_of(model, ids, attention_mask=mask)
-        seq = sequence_log_probs(logp, loss_mask, average=average)
+        logp = model.token_log_probs(ids, mask)  # [2B, T]
+        seq = sequence_log_probs(logp, loss_mask, average=average)  # [2B]
         half = seq.shape[0] // 2
         return seq[:half], seq[half:]
 

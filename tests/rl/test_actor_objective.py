@@ -174,9 +174,7 @@ def test_full_kl_loss_in_the_actor_objective_matches_the_direct_kl_and_splits_ex
 
 
 def model_log_probs(batch):
-    from rljax.rl.objectives import sequence_model_log_probs
-
-    return np.asarray(sequence_model_log_probs(init_model(CONFIG, seed=0), batch, 1.0, entropy=False))
+    return np.asarray(init_model(CONFIG, seed=0).token_log_probs(batch["input_ids"], batch["attention_mask"]))
 
 
 def test_decoupled_is_weights_multiply_the_policy_gradient_term():

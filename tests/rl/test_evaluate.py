@@ -11,7 +11,8 @@ from flax import nnx
 
 from rljax.cli import main
 from rljax.rl.evaluate import reference_nll, reference_samples
-from rljax.rl.trainer import RLTrainer, make_log_prob_fn
+from rljax.rl.forwards import make_log_prob_fn
+from rljax.rl.trainer import RLTrainer
 
 from .test_rl_train import make_config
 

@@ -22,13 +22,14 @@ KILL_AFTER_STEP_3 = textwrap.dedent("""
     import os, signal, sys
     from rljax.config import load_config
     from rljax.rl import trainer
+    from rljax.tracking import Tracker
     from rljax.rl.config import RLConfig
-    real_log = trainer.Tracker.log
+    real_log = Tracker.log
     def log(self, step, metrics):
         real_log(self, step, metrics)
         if step == 3:
             os.kill(os.getpid(), signal.SIGKILL)
-    trainer.Tracker.log = log
+    Tracker.log = log
     trainer.RLTrainer(load_config(RLConfig, sys.argv[1], sys.argv[2:])).fit()
 """)
 

@@ -84,10 +84,10 @@ def test_ppo_step_updates_actor_and_critic(tmp_path):
 
     # `rljax export` of an RL run writes the policy (the actor's parameters, read alone)
     from rljax.models import load_hf
-    from rljax.train.export import export_checkpoint
+    from rljax.commands.export import export_run
 
-    out = export_checkpoint(os.path.join(cfg.trainer.default_local_dir, cfg.trainer.experiment_name),
-                            str(tmp_path / "policy_hf"))
+    out = export_run(os.path.join(cfg.trainer.default_local_dir, cfg.trainer.experiment_name),
+                     str(tmp_path / "policy_hf"))
     exported = jax.device_get(nnx.state(load_hf(out, dtype="float32"), nnx.Param))
     trained = jax.device_get(trainer.actor.state.params)
     assert jax.tree.structure(exported) == jax.tree.structure(trained)

@@ -221,6 +221,7 @@ INTERRUPTED_RUN = textwrap.dedent("""
     import asyncio, sys, time
     from orbax.checkpoint._src.handlers import json_checkpoint_handler as jch
     from rljax.config import load_config
+    from rljax.tracking import Tracker
     from rljax.train import loop
     from rljax.train.run_config import RunConfig
     real_save = jch.JsonCheckpointHandler._save_fn
@@ -228,12 +229,12 @@ INTERRUPTED_RUN = textwrap.dedent("""
         await asyncio.sleep(4)
         return await real_save(self, x, directory)
     jch.JsonCheckpointHandler._save_fn = slow_save
-    real_log = loop.Tracker.log
+    real_log = Tracker.log
     def log(self, step, metrics):
         real_log(self, step, metrics)
         if step == 3:
             raise KeyboardInterrupt() if sys.argv[1] == "interrupt" else RuntimeError("boom")
-    loop.Tracker.log = log
+    Tracker.log = log
     try:
         loop.train(load_config(RunConfig, sys.argv[2], sys.argv[3:]))
     except KeyboardInterrupt:   # as the command line does: the loop's message is the only output

@@ -95,13 +95,14 @@ KILL_AT_STEP_7 = textwrap.dedent("""
     jax.config.update("jax_default_matmul_precision", "highest")
     from rljax.config import load_config
     from rljax.train import loop
+    from rljax.tracking import Tracker
     from rljax.train.run_config import RunConfig
-    real_log = loop.Tracker.log
+    real_log = Tracker.log
     def log(self, step, metrics):
         real_log(self, step, metrics)
         if step == 7:
             os.kill(os.getpid(), signal.SIGKILL)   # no cleanup, no final save
-    loop.Tracker.log = log
+    Tracker.log = log
     loop.train(load_config(RunConfig, sys.argv[1], sys.argv[2:]))
 """)
 

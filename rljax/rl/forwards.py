@@ -1,0 +1,105 @@
+"""The RL step's jitted forward passes, outside the optimizer: old / reference token
+log-probs, the exact KL to the reference, the critic's values.
+
+Each is a function of (params, input_ids, attention_mask) arrays, jitted once per graph,
+so the trainer, validation perplexity and `rljax eval` share the compiled program. Every
+per-token result is `[B, T]` and aligned with `input_ids` (`rljax.algos.logprobs`).
+`BatchForwards` runs the ones a config needs on a step's batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from flax import nnx
+
+from rljax.algos.kl import FULL_KL, kl_from_hidden
+from rljax.parallel import shard_batch
+from rljax.rl.config import RLConfig
+from rljax.rl.objectives import aligned_values
+from rljax.rl.step_metrics import Timer
+
+LogProbFn = Callable[[Any, Any, Any], Any]  # (params, input_ids, attention_mask) -> [B, T] log-probs
+
+
+def make_log_prob_fn(graphdef: nnx.GraphDef, temperature: float) -> LogProbFn:
+    """Jitted aligned token log-probs of `input_ids` under the given params
+    (`Decoder.token_log_probs`, chunked)."""
+
+    @jax.jit
+    def log_probs(params, input_ids, attention_mask):
+        return nnx.merge(graphdef, params).token_log_probs(input_ids, attention_mask, temperature=temperature)
+
+    return log_probs
+
+
+def make_full_kl_fn(graphdef: nnx.GraphDef, temperature: float):
+    """Jitted aligned exact KL(pi || pi_ref) over the vocabulary per position, `(params,
+    reference params, input_ids, attention_mask) -> [B, T]`; chunked over positions
+    (`rljax.algos.kl.kl_from_hidden`), never [B, T, vocab]."""
+
+    @jax.jit
+    def full_kl(params, reference, input_ids, attention_mask):
+        model, ref = nnx.merge(graphdef, params), nnx.merge(graphdef, reference)
+        hidden = model.hidden_states(input_ids, attention_mask=attention_mask)  # [B, T, E]
+        ref_hidden = ref.hidden_states(input_ids, attention_mask=attention_mask)  # [B, T, E]
+        return kl_from_hidden(hidden, model.unembedding(), ref_hidden, ref.unembedding(), temperature=temperature)
+
+    return full_kl
+
+
+def make_value_fn(graphdef: nnx.GraphDef):
+    """Jitted critic values `(params, input_ids, attention_mask) -> [B, T]`, aligned: the
+    value of token t is read from the hidden state that predicts it."""
+
+    @jax.jit
+    def values(params, input_ids, attention_mask):
+        return aligned_values(nnx.merge(graphdef, params), {"input_ids": input_ids, "attention_mask": attention_mask})
+
+    return values
+
+
+@dataclass
+class BatchForwards:
+    """The forwards one RL step runs on its batch, as the config asks, each jitted once."""
+
+    log_probs: LogProbFn  # the policy's, at the rollout temperature
+    reuse_rollout_log_probs: bool  # old log-probs are the sampler's (actor.use_rollout_log_probs, bypass mode)
+    ref_log_probs: bool  # a per-token KL estimator (loss or reward) reads the reference's log-probs
+    full_kl: Callable | None  # KL-in-reward "full": exact KL(pi_old || pi_ref) per position
+    values: Callable | None  # the critic's (GAE)
+
+    @classmethod
+    def of(cls, cfg: RLConfig, actor: nnx.GraphDef, critic: nnx.GraphDef | None = None) -> BatchForwards:
+        a, alg, temperature = cfg.actor, cfg.algorithm, cfg.rollout.temperature
+        return cls(
+            log_probs=make_log_prob_fn(actor, temperature),
+            reuse_rollout_log_probs=a.use_rollout_log_probs or alg.rollout_correction.bypass_mode,
+            ref_log_probs=((a.use_kl_loss and a.kl_loss_type != FULL_KL)
+                           or (alg.use_kl_in_reward and alg.kl_penalty != FULL_KL)),
+            full_kl=(make_full_kl_fn(actor, temperature) if alg.use_kl_in_reward and alg.kl_penalty == FULL_KL
+                     else None),
+            values=None if critic is None else make_value_fn(critic))
+
+    def fill(self, batch: dict[str, np.ndarray], mesh, timer: Timer, actor_params, reference=None,
+             critic_params=None) -> None:
+        """Add `old_log_probs` and, as configured, `ref_log_probs`, `full_kl` and `values`
+        (`[B, T]` each, on the host) to the step batch."""
+        ids, mask = shard_batch({"i": batch["input_ids"], "m": batch["attention_mask"]}, mesh).values()
+        with timer("old_log_prob"):
+            if self.reuse_rollout_log_probs:
+                batch["old_log_probs"] = batch["rollout_log_probs"].copy()
+            else:
+                batch["old_log_probs"] = np.asarray(self.log_probs(actor_params, ids, mask))
+        if self.ref_log_probs:
+            with timer("ref"):
+                batch["ref_log_probs"] = np.asarray(self.log_probs(reference, ids, mask))
+        if self.full_kl is not None:
+            with timer("ref"):
+                batch["full_kl"] = np.asarray(self.full_kl(actor_params, reference, ids, mask))
+        if self.values is not None:
+            with timer("values"):
+                batch["values"] = np.asarray(self.values(critic_params, ids, mask)) * batch["response_mask"]

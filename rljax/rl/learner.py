@@ -1,0 +1,78 @@
+"""A trained module of the RL loop (the actor, the critic): its TrainState on the mesh and
+the mini-batch updates of one RL step.
+
+The update itself is the shared jitted train step (`rljax.train.steps.make_train_step`);
+here the step batch is cut into `ppo_mini_batch_size x rollout.n` row mini-batches, one
+optimizer step each, `ppo_epochs` times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import jax
+import numpy as np
+from flax import nnx
+
+from rljax.parallel import data_parallel_size, shard_batch
+from rljax.rl.config import RLConfig
+from rljax.train.optim import OptimConfig, make_optimizer
+from rljax.train.setup import init_sharded_train_state, place
+from rljax.train.steps import TrainState, make_train_step
+
+
+@dataclass
+class Learner:
+    """A trained module: its graph, its TrainState and its jitted update step."""
+
+    graphdef: nnx.GraphDef
+    state: TrainState
+    step: Callable
+    mini_batch_rows: int
+    epochs: int
+    shuffle: bool
+    keys: tuple[str, ...]  # the batch entries the objective reads
+
+    def update(self, batch: dict[str, np.ndarray], mesh, rng: np.random.Generator, frozen=None) -> dict[str, float]:
+        """`epochs` passes over the batch in mini-batches, one optimizer step each; the
+        metrics are averaged over the updates."""
+        rows = batch["input_ids"].shape[0]
+        outputs = []
+        for _ in range(self.epochs):
+            order = rng.permutation(rows) if self.shuffle else np.arange(rows)  # [rows]
+            for start in range(0, rows, self.mini_batch_rows):
+                idx = order[start : start + self.mini_batch_rows]
+                mini = shard_batch({k: batch[k][idx] for k in self.keys}, mesh)
+                self.state, metrics = self.step(self.state, mini, frozen)
+                outputs.append(metrics)
+        host = jax.device_get(outputs)
+        return {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+
+    def updates_per_step(self, rows: int) -> int:
+        """Optimizer steps `update` takes on a batch of `rows` rows."""
+        return self.epochs * -(-rows // self.mini_batch_rows)
+
+
+def make_learner(module: nnx.Module, optim: OptimConfig, objective, totals_fn, cfg: RLConfig, mesh,
+                 mini_prompts: int, micro_per_device: int, epochs: int, shuffle: bool, keys, seed: int) -> Learner:
+    """Place `module` on the mesh, build its optimizer (scheduled over every update of the
+    run) and its jitted train step with `mini_prompts x rollout.n` row mini-batches cut in
+    micro-batches of `micro_per_device` rows per data-parallel device (0: one)."""
+    graphdef, params = place(module, mesh)
+    optimizer, schedule = make_optimizer(optim, cfg.trainer.total_steps * _updates_per_step(cfg, mini_prompts, epochs))
+    state = init_sharded_train_state(params, optimizer, seed, mesh)
+    mini_rows = mini_prompts * cfg.rollout.n
+    micro_rows = micro_per_device * data_parallel_size(mesh) if micro_per_device else mini_rows
+    if (cfg.data.batch_size * cfg.rollout.n) % mini_rows or mini_rows % micro_rows:
+        raise ValueError(
+            f"rows per step {cfg.data.batch_size}x{cfg.rollout.n} must be a multiple of the mini-batch "
+            f"{mini_prompts}x{cfg.rollout.n} rows, itself a multiple of the micro-batch {micro_rows} rows"
+        )
+    step = make_train_step(graphdef, objective, optimizer, schedule, mini_rows // micro_rows,
+                           state_sharding=jax.tree.map(lambda x: x.sharding, state), totals_fn=totals_fn)
+    return Learner(graphdef, state, step, mini_rows, epochs, shuffle, tuple(keys))
+
+
+def _updates_per_step(cfg: RLConfig, mini_prompts: int, epochs: int) -> int:
+    return max(1, cfg.data.batch_size // mini_prompts) * epochs
