@@ -100,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
                 row["mfu"] = metrics.get("perf/mfu")
                 row["response_len"] = metrics.get("response_length/mean")
                 row["logprob_diff_max"] = metrics.get("training/rollout_probs_diff_max")
-                row["sampler_programs"] = trainer.sampler.num_compiled_programs  # grows: gen compiled
+                row["sampler_programs"] = trainer.generation.num_compiled_programs  # grows: gen compiled
                 rows.append(row)
         finally:
             trainer.close()

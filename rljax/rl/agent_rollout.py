@@ -40,7 +40,7 @@ from rljax.agent import AgentConfig, AgentLoop, Episode, RolloutSamplerAdapter, 
 from rljax.agent.tools.registry import load_tools
 from rljax.rl.batch import Sample
 from rljax.rl.reward_config import OverlongBufferConfig
-from rljax.rl.rollout import ScoredRollout, overlong_shaping
+from rljax.rl.scoring import ScoredRollout, overlong_shaping
 from rljax.rollout.params import SamplingParams
 
 TRUNCATED = ("max_response_tokens", "max_tokens_per_turn", "length", "overflow")

@@ -135,6 +135,10 @@ class RLConfig:
         self.trainer.check_run()
         if num_devices is None:
             return
+        tp, dp = self.rollout.tensor_parallel_size, self.rollout.data_parallel_size
+        if tp and (num_devices % tp or (dp or num_devices // tp) * tp > num_devices):
+            raise ConfigError(f"rollout.tensor_parallel_size={tp} x rollout.data_parallel_size={dp or 'auto'}: "
+                              f"replicas of {tp} devices must fit the {num_devices} devices and tp must divide them")
         ways = data_parallel_size(self.mesh, num_devices)
         n = self.rollout.n
         rows = self.data.batch_size * n

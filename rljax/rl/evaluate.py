@@ -24,12 +24,13 @@ from typing import Any, Iterable
 import numpy as np
 
 from rljax.data import make_dataset
+from rljax.hostsync import fetch, place_batch
 from rljax.evaluation import validation_metrics
 from rljax.rl.batch import Sample, build_batch
 from rljax.rl.config import RLConfig
 from rljax.rl.forwards import LogProbFn, make_log_prob_fn
 from rljax.rl.generation import RoundFn
-from rljax.rl.rollout import sampling_params
+from rljax.rl.scoring import sampling_params
 
 
 def reference_text(ground_truth: Any, extra_info: Any) -> str:
@@ -56,7 +57,7 @@ def reference_nll(log_probs: LogProbFn, params, samples: list[Sample], cfg: RLCo
     padded = samples + [samples[0]] * (-len(samples) % rows_multiple)  # rows divide the mesh
     batch = build_batch(padded, cfg.data.bucket_size, cfg.data.max_prompt_length + cfg.rollout.response_length)
     ids, mask = shard({"i": batch["input_ids"], "m": batch["attention_mask"]}).values()
-    lp = np.asarray(log_probs(params, ids, mask), np.float64)[: len(samples)]
+    lp = np.asarray(fetch(log_probs(params, ids, mask)), np.float64)[: len(samples)]
     scored = batch["response_mask"][: len(samples)].astype(np.float64)
     return -(lp * scored).sum(-1), scored.sum(-1)
 
@@ -64,15 +65,17 @@ def reference_nll(log_probs: LogProbFn, params, samples: list[Sample], cfg: RLCo
 def validate(cfg: RLConfig, tokenizer, round_fn: RoundFn, log_probs: LogProbFn | None = None, params=None,
              mesh=None, batches: Iterable[dict[str, list]] | None = None) -> dict[str, float]:
     """Validation metrics (module docstring) over `batches` (default: `data.val_files`).
-    Without `log_probs`, no perplexity; with a `mesh`, its batches are sharded over it."""
-    from rljax.parallel import data_parallel_size, shard_batch
+    Without `log_probs`, no perplexity; with a `mesh`, its batches are sharded over it.
+    Every process reads every prompt (`round_fn` spreads them over rollout replicas)."""
+    from rljax.parallel import data_parallel_size
 
     rows_multiple = 1 if mesh is None else data_parallel_size(mesh)
-    shard = (lambda batch: batch) if mesh is None else (lambda batch: shard_batch(batch, mesh))
+    shard = (lambda batch: batch) if mesh is None else (lambda batch: place_batch(batch, mesh))
     if batches is None:
         if not cfg.data.val_files:
             return {}
-        batches = make_dataset(dataclasses.replace(cfg.data, shuffle=False), tokenizer, "val")
+        batches = make_dataset(dataclasses.replace(cfg.data, shuffle=False), tokenizer, "val",
+                               process_index=0, process_count=1)
     params_sampling = sampling_params(cfg, validation=True)
     records: list[dict] = []
     nll: dict[str, float] = defaultdict(float)
@@ -106,8 +109,7 @@ def evaluate(cfg: RLConfig, checkpoint: str | None = None, work_dir: str = "runs
     from rljax.data.synthetic_spec import materialize
     from rljax.parallel import make_mesh
     from rljax.rl.agent_rollout import agent_config
-    from rljax.rl.generation import make_reward_manager, make_round_fn, make_sampler
-    from rljax.rl.model_rewards import build_model_rewards
+    from rljax.rl.generation import Generation
     from rljax.rl.policy_checkpoint import load_policy
     from rljax.train.setup import build_decoder, load_tokenizer
 
@@ -123,16 +125,10 @@ def evaluate(cfg: RLConfig, checkpoint: str | None = None, work_dir: str = "runs
     else:
         decoder, tokenizer, _ = load_policy(cfg, checkpoint, mesh)
     graphdef, params = nnx.split(decoder)
-    sampler = make_sampler(cfg, decoder)
-    rewards = make_reward_manager(cfg)
     agent = agent_config(cfg.agent) if cfg.agent else None
-    model_rewards = build_model_rewards(cfg, tokenizer, decoder, lambda: params, mesh)
+    generation = Generation(cfg, decoder, tokenizer, agent, lambda: params, mesh)
     try:
-        round_fn = make_round_fn(sampler, rewards, tokenizer, cfg, agent, model_rewards)
         log_probs = None if agent is not None else make_log_prob_fn(graphdef, 1.0)
-        return validate(cfg, tokenizer, round_fn, log_probs, params, mesh)
+        return validate(cfg, tokenizer, generation.round, log_probs, params, mesh)
     finally:
-        sampler.close()
-        rewards.close()
-        if model_rewards is not None:
-            model_rewards.close()
+        generation.close()

@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 
 from rljax.algos.kl import FULL_KL, kl_from_hidden
-from rljax.parallel import shard_batch
+from rljax.hostsync import fetch, place_batch
 from rljax.rl.config import RLConfig
 from rljax.rl.objectives import aligned_values
 from rljax.rl.step_metrics import Timer
@@ -88,18 +88,19 @@ class BatchForwards:
              critic_params=None) -> None:
         """Add `old_log_probs` and, as configured, `ref_log_probs`, `full_kl` and `values`
         (`[B, T]` each, on the host) to the step batch."""
-        ids, mask = shard_batch({"i": batch["input_ids"], "m": batch["attention_mask"]}, mesh).values()
+        # every process holds the whole batch, and gets every result whole
+        ids, mask = place_batch({"i": batch["input_ids"], "m": batch["attention_mask"]}, mesh).values()
         with timer("old_log_prob"):
             if self.reuse_rollout_log_probs:
                 batch["old_log_probs"] = batch["rollout_log_probs"].copy()
             else:
-                batch["old_log_probs"] = np.asarray(self.log_probs(actor_params, ids, mask))
+                batch["old_log_probs"] = fetch(self.log_probs(actor_params, ids, mask))
         if self.ref_log_probs:
             with timer("ref"):
-                batch["ref_log_probs"] = np.asarray(self.log_probs(reference, ids, mask))
+                batch["ref_log_probs"] = fetch(self.log_probs(reference, ids, mask))
         if self.full_kl is not None:
             with timer("ref"):
-                batch["full_kl"] = np.asarray(self.full_kl(actor_params, reference, ids, mask))
+                batch["full_kl"] = fetch(self.full_kl(actor_params, reference, ids, mask))
         if self.values is not None:
             with timer("values"):
-                batch["values"] = np.asarray(self.values(critic_params, ids, mask)) * batch["response_mask"]
+                batch["values"] = fetch(self.values(critic_params, ids, mask)) * batch["response_mask"]

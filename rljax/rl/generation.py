@@ -1,18 +1,31 @@
-"""The generation side of the RL loop, built from the config: the sampler, the reward
-manager and one "round" function (sample `params.n` responses per prompt and score them,
-single-turn or as agent episodes). The trainer and `rljax eval` both build them here."""
+"""The generation side of the RL loop, built from the config: the sampler (or the rollout
+replicas), the reward manager, the model rewards and one "round" function (sample
+`params.n` responses per prompt and score them, single-turn or as agent episodes). The
+trainer and `rljax eval` both build them here, as a `Generation`.
+
+Layouts (`rollout.tensor_parallel_size`):
+- 0: one sampler on the training mesh, reading the trainer's arrays as they are (zero
+  copy; one process only: its scheduler feeds programs over the whole mesh);
+- tp >= 1: data-parallel replicas of tp devices each (`rljax.rl.replicated`), the
+  weights handed off in device memory every step; the only layout for several processes.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
+
+import jax
 
 from rljax.rewards.manager import RewardManager
 from rljax.rl.agent_rollout import agent_generate_and_score
 from rljax.rl.config import RLConfig
-from rljax.rl.rollout import ScoredRollout, generate_and_score
+from rljax.rl.model_rewards import build_model_rewards
+from rljax.rl.replicated import ReplicatedRollout
+from rljax.rl.scoring import ScoredRollout, generate_and_score
 from rljax.rollout.config import KVCacheConfig, SamplerConfig
 from rljax.rollout.params import SamplingParams
+from rljax.rollout.replicas import ReplicaLayout
 from rljax.rollout.sampler import Sampler
 
 RoundFn = Callable[[dict, SamplingParams, int], ScoredRollout]  # (prompts, params, group offset)
@@ -47,3 +60,86 @@ def make_round_fn(sampler: Sampler, rewards: RewardManager, tokenizer, cfg: RLCo
             sampler, rewards, tokenizer, prompts, params, agent, offset, model_rewards, cfg.reward.overlong_buffer)
     return lambda prompts, params, offset: generate_and_score(
         sampler.generate, rewards, tokenizer, prompts, params, cfg, offset, model_rewards)
+
+
+def rollout_layout(cfg: RLConfig) -> ReplicaLayout:
+    """The replicas of `rollout.tensor_parallel_size` devices: `rollout.data_parallel_size`
+    of them (0: all devices / tp) over the first devices in process-major order. Fewer
+    devices than the mesh's is for one process only (with several, the hand-off reshards
+    within the training mesh's device set)."""
+    r = cfg.rollout
+    tp = r.tensor_parallel_size
+    dp = r.data_parallel_size or jax.device_count() // tp
+    if dp * tp != jax.device_count() and jax.process_count() > 1:
+        raise ValueError(f"rollout.data_parallel_size={dp} x rollout.tensor_parallel_size={tp} must cover all "
+                         f"{jax.device_count()} devices in a run of {jax.process_count()} processes")
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))[: dp * tp]
+    return ReplicaLayout.create(devices, tp, dp, r.allow_cross_host_replicas)
+
+
+class Generation:
+    """A run's generation side (module docstring): `round(prompts, params, offset)`,
+    `update_params(policy params)`, `close()`. `policy_params` gives the current weights
+    to a self-verifier (`reward.verifier.path: policy`)."""
+
+    def __init__(self, cfg: RLConfig, decoder, tokenizer, agent=None, policy_params: Callable[[], Any] | None = None,
+                 mesh=None):
+        r = cfg.rollout
+        if jax.process_count() > 1 and not r.tensor_parallel_size:
+            raise ValueError("rollout.tensor_parallel_size: 0 samples on the training mesh, which a run of "
+                             f"{jax.process_count()} processes cannot do (each would schedule programs over all "
+                             "hosts); set it to the devices per rollout replica (e.g. 1)")
+        if jax.process_count() > 1 and (cfg.reward.reward_model.enable or cfg.reward.verifier.enable):
+            raise ValueError("reward.reward_model / reward.verifier: not supported yet in a run of several "
+                             "processes (their forward spans the mesh while rounds run per process)")
+        self.cfg, self.tokenizer, self.agent = cfg, tokenizer, agent
+        self.rewards = make_reward_manager(cfg)
+        self.model_rewards = build_model_rewards(cfg, tokenizer, decoder, policy_params, mesh)
+        self.sampler = self.replicas = None
+        if r.tensor_parallel_size:
+            layout = rollout_layout(cfg)
+            self.replicas = ReplicatedRollout(decoder, layout, lambda model: make_sampler(cfg, model),
+                                              r.response_length)
+        else:
+            self.sampler = make_sampler(cfg, decoder)
+
+    def _round_on(self, sampler: Sampler, prompts: dict, params: SamplingParams, offset: int) -> ScoredRollout:
+        return make_round_fn(sampler, self.rewards, self.tokenizer, self.cfg, self.agent, self.model_rewards)(
+            prompts, params, offset)
+
+    def round(self, prompts: dict, params: SamplingParams, offset: int = 0) -> ScoredRollout:
+        """Sample and score `prompts` (groups numbered from `offset`); with replicas, every
+        process returns the whole round."""
+        if self.replicas is not None:
+            return self.replicas.run(self._round_on, prompts, params, offset)
+        return self._round_on(self.sampler, prompts, params, offset)
+
+    def update_params(self, params) -> dict[str, float]:
+        """New policy weights for the sampler(s); with replicas, the hand-off's cost
+        (`memory/update_weights_GiB`: bytes it allocated on the busiest device)."""
+        if self.replicas is None:
+            self.sampler.update_params(params)
+            return {}
+        report = self.replicas.update_params(params)
+        return {"memory/update_weights_GiB": report.metrics()["memory/update_weights_GiB"]}
+
+    @property
+    def num_compiled_programs(self) -> int:
+        """Compiled sampler programs, over this process's replicas."""
+        samplers = [self.sampler] if self.replicas is None else list(self.replicas.samplers.values())
+        return sum(s.num_compiled_programs for s in samplers)
+
+    def close(self) -> None:
+        """Release the sampler(s), the reward workers and the model rewards; every one is
+        closed even if another fails (the first error is raised)."""
+        closers = [self.rewards.close, (self.sampler or self.replicas).close]
+        if self.model_rewards is not None:
+            closers.append(self.model_rewards.close)
+        first = None
+        for close in closers:
+            try:
+                close()
+            except BaseException as e:  # noqa: PERF203
+                first = first or e
+        if first is not None:
+            raise first

@@ -15,7 +15,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rljax.parallel import data_parallel_size, shard_batch
+from rljax.hostsync import place_batch
+from rljax.parallel import data_parallel_size
 from rljax.rl.config import RLConfig
 from rljax.train.optim import OptimConfig, make_optimizer
 from rljax.train.setup import init_sharded_train_state, place
@@ -43,7 +44,7 @@ class Learner:
             order = rng.permutation(rows) if self.shuffle else np.arange(rows)  # [rows]
             for start in range(0, rows, self.mini_batch_rows):
                 idx = order[start : start + self.mini_batch_rows]
-                mini = shard_batch({k: batch[k][idx] for k in self.keys}, mesh)
+                mini = place_batch({k: batch[k][idx] for k in self.keys}, mesh)
                 self.state, metrics = self.step(self.state, mini, frozen)
                 outputs.append(metrics)
         host = jax.device_get(outputs)

@@ -39,9 +39,18 @@ class RolloutConfig:
     # fraction of free device memory given to the KV pool (verl: gpu_memory_utilization, of total memory)
     kv_cache_memory_fraction: OpenUnitFloat = 0.3
     enable_prefix_caching: bool = True  # reuse cached pages across requests (agent turns)
-    seed: NonNegInt = 0  # seed of every request (streams by step and prompt: rljax.rl.rollout)
+    # devices per rollout replica (heads / MLP split over them; verl: tensor_model_parallel_size);
+    # 0: one sampler on the training mesh and its layout (no hand-off, zero copy)
+    tensor_parallel_size: NonNegInt = 0
+    # rollout replicas, each with its own weights, KV pool and scheduler; 0: devices / tensor_parallel_size
+    data_parallel_size: NonNegInt = 0
+    allow_cross_host_replicas: bool = False  # let one replica span processes (its scheduler then runs in lock-step)
+    seed: NonNegInt = 0  # seed of every request (streams by step and prompt: rljax.rl.scoring)
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)  # validation sampling
 
     def check(self) -> None:
+        if self.data_parallel_size and not self.tensor_parallel_size:
+            raise FieldError("data_parallel_size", "needs rollout.tensor_parallel_size >= 1 (0 samples on the "
+                             "training mesh, one replica)")
         if self.num_pages == 1:
             raise FieldError("num_pages", "0 (automatic) or >= 2 (page 0 is reserved), got 1")

@@ -28,7 +28,8 @@ import numpy as np
 from flax import nnx
 
 from rljax.algos.kl import FULL_KL, apply_kl_to_rewards, get_kl_controller, kl_penalty
-from rljax.algos.registry import get_adv_estimator_fn
+from rljax.algos.advantages import AdvantageInputs, compute_advantages
+from rljax.algos.registry import get_adv_estimator
 from rljax.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
 from rljax.checkpoint import abstract_like
 from rljax.data import make_dataset
@@ -39,11 +40,10 @@ from rljax.rl.batch import build_batch
 from rljax.rl.config import RLConfig
 from rljax.rl.evaluate import validate
 from rljax.rl.forwards import BatchForwards, make_log_prob_fn
-from rljax.rl.generation import make_reward_manager, make_round_fn, make_sampler
+from rljax.rl.generation import Generation
 from rljax.rl.learner import make_learner
-from rljax.rl.model_rewards import build_model_rewards
 from rljax.rl.objectives import actor_objective, correction_kwargs, critic_objective
-from rljax.rl.rollout import ScoredRollout, dynamic_sampling, sampling_params
+from rljax.rl.scoring import ScoredRollout, dynamic_sampling, sampling_params
 from rljax.rl.step_metrics import Timer, batch_metrics, rollout_mismatch, throughput
 from rljax.rl.warmup import run_warmup_sft
 from rljax.runs import Run
@@ -82,8 +82,9 @@ class RLTrainer:
         if a.use_kl_loss or alg.use_kl_in_reward:  # frozen copy of the initial policy
             params = self.actor.state.params
             self.reference = jax.device_put(jax.tree.map(jnp.copy, params), state_shardings(params, self.mesh))
+        self.estimator = get_adv_estimator(alg.adv_estimator)
         self.critic = None
-        if alg.adv_estimator == "gae":
+        if self.estimator.needs_critic:
             critic_module = ScalarHeadModel(build_decoder(cfg.model, self.tokenizer, mesh=self.mesh),
                                             rngs=nnx.Rngs(cfg.trainer.seed + 1))
             c = cfg.critic
@@ -94,26 +95,20 @@ class RLTrainer:
         self.forwards = BatchForwards.of(cfg, self.actor.graphdef, critic_graph)
         self.agent_config = agent_config(cfg.agent) if cfg.agent else None
         self.kl_ctrl = get_kl_controller(alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl, alg.kl_ctrl.horizon)
-        self.advantage_fn = get_adv_estimator_fn(alg.adv_estimator)
 
-        self.sampler = make_sampler(cfg, decoder)
-        self.rewards = make_reward_manager(cfg)
-        # reward.reward_model / reward.verifier: None unless enabled
-        self.model_rewards = build_model_rewards(cfg, self.tokenizer, decoder, lambda: self.actor.state.params,
-                                                 self.mesh)
+        self.generation = Generation(cfg, decoder, self.tokenizer, self.agent_config,
+                                     lambda: self.actor.state.params, self.mesh)
         # reference-answer perplexity in validation is scored at temperature 1
         self.val_log_probs = None if self.agent_config is not None else (
             self.forwards.log_probs if r.temperature == 1.0 else make_log_prob_fn(self.actor.graphdef, 1.0))
-        self.run.on_close(self.sampler.close)
-        self.run.on_close(self.rewards.close)
-        if self.model_rewards is not None:
-            self.run.on_close(self.model_rewards.close)
-        self.train_data = make_dataset(cfg.data, self.tokenizer, "train")
+        self.run.on_close(self.generation.close)
+        # every process reads the whole batch: rounds are split over replicas, not processes
+        self.train_data = make_dataset(cfg.data, self.tokenizer, "train", process_index=0, process_count=1)
         self.flops_peak = peak_flops(cfg.trainer.peak_flops_per_device) * jax.device_count()
         self.step_count = self._resume()
         self.skips = SkipGuard(cfg.trainer.max_consecutive_skipped_steps, "actor.optim.lr", a.optim.lr,
                                self.run.checkpointer, int(jax.device_get(self.actor.state.skipped_steps)))
-        self.sampler.update_params(self.actor.state.params)
+        self.generation.update_params(self.actor.state.params)
 
     # ---- one iteration -----------------------------------------------------------------
 
@@ -132,7 +127,7 @@ class RLTrainer:
             else:
                 prompts = next(self.train_data)
                 rollout = generate_round(prompts, 0)
-                if cfg.algorithm.adv_estimator == "remax":  # greedy baseline per prompt
+                if self.estimator.needs_greedy_baseline:  # ReMax: a greedy sample per prompt
                     greedy = dataclasses.replace(params, n=1, temperature=0.0)
                     base = self.generate_round(prompts, greedy, 0)
                     baselines = {s.group_id: s.score for s in base.samples}
@@ -142,11 +137,8 @@ class RLTrainer:
         return rollout
 
     def generate_round(self, prompts: dict[str, list], params, offset: int) -> ScoredRollout:
-        """One round of sampling and scoring: single-turn, or agent episodes when the
-        config has an `agent` section."""
-        round_fn = make_round_fn(self.sampler, self.rewards, self.tokenizer, self.cfg, self.agent_config,
-                                 self.model_rewards)
-        return round_fn(prompts, params, offset)
+        """One round of sampling and scoring (`rljax.rl.generation.Generation.round`)."""
+        return self.generation.round(prompts, params, offset)
 
     def make_batch(self, rollout: ScoredRollout, timer: Timer) -> dict[str, np.ndarray]:
         cfg = self.cfg
@@ -184,10 +176,10 @@ class RLTrainer:
                 batch["rollout_is_weights"] = np.asarray(weights, np.float32)
             metrics.update({k: float(v) for k, v in corr_metrics.items()})
         baselines = np.asarray([s.baseline for s in samples], np.float32)
-        advantages, returns = self.advantage_fn(
-            token_level_rewards=batch["token_level_rewards"], response_mask=batch["response_mask"],
-            values=batch.get("values"), index=batch["group_ids"], reward_baselines=baselines,
-            gamma=alg.gamma, lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
+        inputs = AdvantageInputs(batch["token_level_rewards"], batch["response_mask"], values=batch.get("values"),
+                                 group_ids=batch["group_ids"], reward_baselines=baselines)
+        advantages, returns = compute_advantages(self.estimator, inputs, gamma=alg.gamma, lam=alg.lam,
+                                                 norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
         batch["advantages"] = np.asarray(advantages, np.float32)
         batch["returns"] = np.asarray(returns, np.float32)
 
@@ -213,7 +205,7 @@ class RLTrainer:
                 if skipped < attempted:  # the sampler never runs on non-finite weights
                     self.skips.check_params(self.step_count + 1, self.actor.state.params,
                                             "the sampler keeps the previous weights", "actor parameters")
-                self.sampler.update_params(self.actor.state.params)
+                metrics.update(self.generation.update_params(self.actor.state.params))
         self.step_count += 1
         metrics.update(batch_metrics(batch, rollout.samples))
         metrics.update(rollout_mismatch(batch))

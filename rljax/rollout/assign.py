@@ -1,10 +1,14 @@
 """Which rollout replica runs which prompt group, and the results back in request order.
 
 A group is the n samples of one prompt: it goes to one replica whole, so its samples
-share the prompt's KV pages there. Groups are balanced by expected tokens with greedy
-longest-processing-time (largest group first, to the least loaded replica; ties go to
-the lower group index, then the lower replica index), whose largest load is at most
-4/3 - 1/(3 R) of the best possible one (Graham, 1969).
+share the prompt's KV pages there. Each replica takes a contiguous run of groups, and the
+runs are cut to make the largest expected-token load as small as any contiguous split
+can (binary search on that load, each candidate checked by a greedy left-to-right fill).
+Contiguous runs keep a replica's round a plain slice of the batch, numbered from its
+first group (request streams and group ids follow the prompt's index: the layout changes
+no token); in RL every group has n samples of the same response budget, so expected
+tokens differ only by prompt lengths and the best contiguous split is within one group
+of the mean (the looser, non-contiguous greedy was not worth a second numbering).
 
 SPMD: the assignment is a pure function of the groups' sizes, which every process holds
 (prompt lengths and sampling params of the shared batch), so every process knows where
@@ -15,7 +19,6 @@ life (`Assignment.episode_replicas`): their later turns hit that replica's prefi
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from typing import Hashable, Mapping, Sequence, TypeVar
 
@@ -73,18 +76,36 @@ class Assignment:
         return {episode: self.replica_of[group] for episode, group in episode_groups.items()}
 
 
+def _fill(sizes: Sequence[int], cap: int, num_replicas: int) -> list[int] | None:
+    """Left-to-right fill with at most `cap` tokens per replica: each group's replica, or
+    None if `num_replicas` do not suffice."""
+    replica_of, replica, load = [], 0, 0
+    for size in sizes:
+        if load + size > cap and load > 0:
+            replica, load = replica + 1, 0
+        if replica >= num_replicas or size > cap:
+            return None
+        replica_of.append(replica)
+        load += size
+    return replica_of
+
+
 def assign_groups(groups: Sequence[Group], num_replicas: int) -> Assignment:
-    """Greedy longest-first balance of `groups` over `num_replicas` (module docstring)."""
+    """Contiguous runs of `groups` per replica with the smallest possible largest load
+    (module docstring); deterministic (the fill at the optimal cap, earliest replicas first)."""
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    order = sorted(range(len(groups)), key=lambda g: (-groups[g].expected_tokens, g))
-    heap = [(0, r) for r in range(num_replicas)]  # (load, replica): least loaded, lowest index first
-    replica_of = [0] * len(groups)
-    for g in order:
-        load, replica = heapq.heappop(heap)
-        replica_of[g] = replica
-        heapq.heappush(heap, (load + groups[g].expected_tokens, replica))
-    return Assignment(tuple(replica_of), num_replicas)
+    sizes = [g.expected_tokens for g in groups]
+    if not sizes:
+        return Assignment((), num_replicas)
+    low, high = max(sizes), sum(sizes)  # the optimum lies in [largest group, everything on one]
+    while low < high:
+        middle = (low + high) // 2
+        if _fill(sizes, middle, num_replicas) is None:
+            low = middle + 1
+        else:
+            high = middle
+    return Assignment(tuple(_fill(sizes, low, num_replicas)), num_replicas)
 
 
 def merge_in_order(per_replica_results: Sequence[Sequence[T]], assignment: Assignment) -> list[T]:

@@ -31,7 +31,7 @@ class SamplingParams:
         sampler's own generator.
     stream: the request's id among the seed's random streams, an integer in [0, 2**64):
         requests that share a seed must have distinct streams to draw independent noise
-        (the RL loop numbers them by (step, prompt); see `rljax.rl.rollout`).
+        (the RL loop numbers them by (step, prompt); see `rljax.rl.scoring`).
         `Sampler.generate` gives its prompts consecutive streams starting at this one.
         An agent episode keeps one stream for all its turns: a later turn samples at
         later positions, so it continues the stream instead of repeating it.

@@ -39,7 +39,7 @@ from rljax.rewards.manager import RewardManager
 from rljax.rl.batch import Sample, build_batch
 from rljax.rl.config import RLConfig, RewardModelSection, VerifierSection
 from rljax.rl.model_rewards import ModelRewards, build_model_rewards
-from rljax.rl.rollout import generate_and_score, sampling_params
+from rljax.rl.scoring import generate_and_score, sampling_params
 from rljax.rl.trainer import RLTrainer
 from rljax.rollout.params import Completion, SamplingParams
 from tests.rl.test_rl_train import capture_batches, make_config

@@ -16,7 +16,7 @@ from rljax.agent import Environment, EnvStep
 from rljax.agent.rollout_adapter import RolloutSamplerAdapter
 from rljax.data.tokenizer import build_char_tokenizer
 from rljax.rl.config import RLConfig
-from rljax.rl.rollout import TRAIN, VALIDATION, request_stream, sampling_params
+from rljax.rl.scoring import TRAIN, VALIDATION, request_stream, sampling_params
 from rljax.rollout import KVCacheConfig, Sampler, SamplerConfig
 from rljax.rollout.params import SamplingParams
 from rljax.rollout.sampling import row_keys

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rljax.rl.batch import Sample, build_batch
-from rljax.rl.rollout import ScoredRollout, dynamic_sampling, keep_informative_groups
+from rljax.rl.scoring import ScoredRollout, dynamic_sampling, keep_informative_groups
 
 
 def test_build_batch_follows_the_data_contract():

@@ -1,6 +1,7 @@
-"""Group assignment: whole groups per replica, balanced by expected tokens (greedy
-longest-first, within Graham's bound of the best), deterministic, results merged back in
-request order, agent episodes pinned to the replica of the group they started in."""
+"""Group assignment: whole groups per replica in contiguous runs, the largest expected-token
+load as small as any contiguous split allows (checked by brute force), deterministic,
+results merged back in request order, agent episodes pinned to the replica of the group
+they started in."""
 
 import itertools
 
@@ -14,14 +15,19 @@ def random_groups(rng, count):
     return [Group(int(rng.integers(1, 200)), int(rng.integers(1, 9)), int(rng.integers(1, 100))) for _ in range(count)]
 
 
-def best_max_load(groups, replicas):
-    """The optimum by brute force (small instances only)."""
+def best_contiguous_max_load(groups, replicas):
+    """The optimum over every contiguous split, by brute force (small instances only)."""
     sizes = [g.expected_tokens for g in groups]
     best = None
-    for choice in itertools.product(range(replicas), repeat=len(sizes)):
-        loads = np.bincount(choice, weights=sizes, minlength=replicas)
-        best = loads.max() if best is None else min(best, loads.max())
+    for cuts in itertools.combinations(range(1, len(sizes)), replicas - 1):
+        bounds = (0, *cuts, len(sizes))
+        worst = max(sum(sizes[a:b]) for a, b in zip(bounds, bounds[1:]))
+        best = worst if best is None else min(best, worst)
     return best
+
+
+def is_contiguous(assignment):
+    return list(assignment.replica_of) == sorted(assignment.replica_of)
 
 
 def test_expected_tokens_count_the_prompt_once_or_take_the_estimate():
@@ -30,22 +36,24 @@ def test_expected_tokens_count_the_prompt_once_or_take_the_estimate():
 
 
 def test_hand_computed_assignment():
-    # sizes 100, 90, 50, 40, 30 on 2 replicas, longest first to the least loaded:
-    # 100 -> r0, 90 -> r1, 50 -> r1 (90 < 100), 40 -> r0 (100 < 140), 30 -> r0 (140 = 140: lower index)
+    # sizes 50, 100, 30, 90, 40 on 2 replicas: the cuts give 50 | 260, 150 | 160,
+    # 180 | 130 and 270 | 40; the best is 150 | 160
     groups = [Group(0, 1, 0, estimate=e) for e in (50, 100, 30, 90, 40)]
     a = assign_groups(groups, 2)
-    assert a.replica_of == (1, 0, 0, 1, 0)
-    assert a.per_replica == ((1, 2, 4), (0, 3))
-    assert a.loads(groups) == [170, 140]
+    assert a.replica_of == (0, 0, 1, 1, 1)
+    assert a.loads(groups) == [150, 160]
+    assert best_contiguous_max_load(groups, 2) == 160
+    assert is_contiguous(a)
 
 
-def test_balance_within_grahams_bound_of_the_optimum():
+def test_largest_load_is_the_best_contiguous_one():
     rng = np.random.default_rng(0)
     for replicas in (2, 3):
         for _ in range(20):
             groups = random_groups(rng, 7)
-            worst = max(assign_groups(groups, replicas).loads(groups))
-            assert worst <= (4 / 3 - 1 / (3 * replicas)) * best_max_load(groups, replicas) + 1e-9
+            a = assign_groups(groups, replicas)
+            assert is_contiguous(a)
+            assert max(a.loads(groups)) == best_contiguous_max_load(groups, replicas)
 
 
 def test_balance_on_large_batches_is_within_one_group_of_the_mean():
@@ -58,10 +66,9 @@ def test_balance_on_large_batches_is_within_one_group_of_the_mean():
         assert max(loads) <= sum(sizes) / replicas + max(sizes)
 
 
-def test_deterministic_and_ties_broken_by_index():
-    groups = [Group(4, 2, 8)] * 6  # all equal: round robin by index
-    a = assign_groups(groups, 4)
-    assert a.replica_of == (0, 1, 2, 3, 0, 1)
+def test_deterministic_and_equal_groups_split_evenly():
+    groups = [Group(4, 2, 8)] * 8
+    assert assign_groups(groups, 4).replica_of == (0, 0, 1, 1, 2, 2, 3, 3)
     rng = np.random.default_rng(2)
     groups = random_groups(rng, 50)
     assert assign_groups(groups, 4) == assign_groups(list(groups), 4)
@@ -69,7 +76,7 @@ def test_deterministic_and_ties_broken_by_index():
 
 def test_more_replicas_than_groups_leaves_some_idle_and_bad_counts_fail():
     a = assign_groups([Group(3, 1, 3), Group(5, 1, 3)], 4)
-    assert a.per_replica == ((1,), (0,), (), ())
+    assert a.per_replica == ((0,), (1,), (), ())
     assert assign_groups([], 3).per_replica == ((), (), ())
     with pytest.raises(ValueError, match="num_replicas"):
         assign_groups([Group(1, 1, 1)], 0)

@@ -53,7 +53,7 @@ def test_copies_of_one_prompt_draw_independent_samples(roomy_sampler):
     the whole step): 32 distinct samples. Before per-request streams, sample i of every
     copy used the same key, so the 8 groups were identical (4 distinct samples)."""
     from rljax.rl.config import RLConfig
-    from rljax.rl.rollout import sampling_params
+    from rljax.rl.scoring import sampling_params
 
     cfg = RLConfig()
     cfg.rollout.n, cfg.rollout.response_length = 4, 12

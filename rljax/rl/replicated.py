@@ -1,0 +1,128 @@
+"""Rollout replicas in the RL loop: one sampler per replica, weights handed off each step,
+a round's prompts spread over the replicas and the scored results gathered in order.
+
+    step's prompts (identical on every process)
+        ─► contiguous runs of groups per replica (a pure function of the prompts: `assign_groups`)
+        ─► each process runs its local replicas' rounds (one thread each: sample + score)
+        ─► scored slices gathered from every process (`allgather_objects`)
+        ─► concatenated in replica order = prompt order: every process holds the same `ScoredRollout`
+
+A replica's programs run on its own devices (`rollout.tensor_parallel_size` of them,
+inside one process unless `rollout.allow_cross_host_replicas`), so its scheduler answers to
+no one; the only cross-process steps are the weight hand-off (one program over all
+devices, every process calls it with the same arguments) and the gather of the results.
+A request's sampling noise depends on its stream (step, prompt index) only, so the number
+of replicas changes no token (docs/design.md, "SPMD discipline").
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Callable, Sequence
+
+import jax
+from flax import nnx
+
+from rljax.hostsync import allgather_objects
+from rljax.rl.scoring import ScoredRollout
+from rljax.rollout.assign import Assignment, Group, assign_groups
+from rljax.rollout.handoff import HandOffReport, timed_hand_off
+from rljax.rollout.params import SamplingParams
+from rljax.rollout.replicas import ReplicaLayout
+from rljax.rollout.sampler import Sampler
+
+# (sampler, prompts, params, group offset) -> the scored samples of those prompts
+ReplicaRound = Callable[[Sampler, dict, SamplingParams, int], ScoredRollout]
+
+
+def select(prompts: dict[str, list], indices: Sequence[int]) -> dict[str, list]:
+    """The rows `indices` of a column-wise prompt batch."""
+    return {key: [column[i] for i in indices] for key, column in prompts.items()}
+
+
+def merge_rollouts(parts: Sequence[ScoredRollout], sizes: Sequence[int]) -> ScoredRollout:
+    """One rollout from per-replica parts (samples and records concatenated in the given
+    order). Metrics: `.../max` and `.../min` keys take the max / min over parts, every
+    other key the mean of the parts' values weighted by their numbers of prompts (the
+    parts' metrics are means over their own prompts)."""
+    samples = [s for part in parts for s in part.samples]
+    records = [r for part in parts for r in part.records]
+    metrics: dict[str, float] = {}
+    keys = sorted({k for part in parts for k in part.metrics})
+    for key in keys:
+        values = [(part.metrics[key], size) for part, size in zip(parts, sizes) if key in part.metrics and size]
+        if not values:
+            continue
+        if key.endswith("/max"):
+            metrics[key] = max(v for v, _ in values)
+        elif key.endswith("/min"):
+            metrics[key] = min(v for v, _ in values)
+        else:
+            metrics[key] = sum(v * n for v, n in values) / sum(n for _, n in values)
+    return ScoredRollout(samples, metrics, records)
+
+
+class ReplicatedRollout:
+    """The rollout replicas of a run: `layout` over every device, a sampler for each
+    replica this process owns, built by `make_sampler(decoder)` on the replica's copy
+    of the weights."""
+
+    def __init__(self, decoder: nnx.Module, layout: ReplicaLayout, make_sampler: Callable[[nnx.Module], Sampler],
+                 max_response_len: int):
+        self.layout = layout
+        self.max_response_len = max_response_len
+        self.graphdef, params = nnx.split(decoder)
+        self.local = layout.local_replicas()
+        states, self.last_hand_off = timed_hand_off(params, layout, self.local)
+        self.samplers = {r: make_sampler(nnx.merge(self.graphdef, s)) for r, s in zip(self.local, states)}
+        self._pool = concurrent.futures.ThreadPoolExecutor(max(1, len(self.local)), thread_name_prefix="rljax-replica")
+
+    def update_params(self, params: nnx.State) -> HandOffReport:
+        """Hand the policy's parameters (training layout) to every replica, in device
+        memory. Every process must call it (the reshard is one program over all)."""
+        states, report = timed_hand_off(params, self.layout, self.local)
+        for r, state in zip(self.local, states):
+            self.samplers[r].update_params(state)
+        self.last_hand_off = report
+        return report
+
+    def assign(self, prompts: dict[str, list], n: int) -> Assignment:
+        """Prompt groups -> replicas, contiguous runs balanced by expected tokens (prompt +
+        n x response budget): a pure function of the prompts, the same on every process."""
+        groups = [Group(len(p), n, self.max_response_len) for p in prompts["prompt_ids"]]
+        return assign_groups(groups, self.layout.num_replicas)
+
+    def run(self, round_fn: ReplicaRound, prompts: dict[str, list], params: SamplingParams,
+            offset: int = 0) -> ScoredRollout:
+        """`round_fn` over the prompts (groups numbered from `offset`), each replica's run of
+        them on its sampler; every process returns the same rollout, in prompt order."""
+        shares = self.assign(prompts, params.n).per_replica
+        futures = {r: self._pool.submit(round_fn, self.samplers[r], select(prompts, shares[r]), params,
+                                        offset + shares[r][0])
+                   for r in self.local if shares[r]}
+        local: dict[int, ScoredRollout | str] = {}
+        for r, future in futures.items():
+            try:
+                local[r] = future.result()
+            except Exception as e:  # every process must reach the gather, or the others wait forever
+                local[r] = f"{type(e).__name__}: {e}"
+                if jax.process_count() == 1:
+                    raise
+        gathered: dict[int, ScoredRollout | str] = {}
+        for part in allgather_objects(local):  # a replica spanning processes answers from each: the same
+            gathered.update(part)
+        failed = {r: v for r, v in gathered.items() if isinstance(v, str)}
+        if failed:
+            r, message = min(failed.items())
+            raise RuntimeError(f"rollout replica {r} failed: {message}")
+        order = [r for r in range(self.layout.num_replicas) if shares[r]]
+        return merge_rollouts([gathered[r] for r in order], [len(shares[r]) for r in order])
+
+    def stats(self) -> dict:
+        return {r: sampler.stats() for r, sampler in self.samplers.items()}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for sampler in self.samplers.values():
+            sampler.close()
+
