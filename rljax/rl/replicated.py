@@ -74,7 +74,10 @@ class ReplicatedRollout:
         self.graphdef, params = nnx.split(decoder)
         self.local = layout.local_replicas()
         states, self.last_hand_off = timed_hand_off(params, layout, self.local)
-        self.samplers = {r: make_sampler(nnx.merge(self.graphdef, s)) for r, s in zip(self.local, states)}
+        self.samplers = {}
+        for r, state in zip(self.local, states):
+            with jax.set_mesh(layout.replicas[r]):  # a replica's programs live on its devices, not the run's mesh
+                self.samplers[r] = make_sampler(nnx.merge(self.graphdef, state))
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, len(self.local)), thread_name_prefix="rljax-replica")
 
     def update_params(self, params: nnx.State) -> HandOffReport:
