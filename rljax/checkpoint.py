@@ -38,6 +38,8 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from rljax.distributed import is_coordinator
+
 TMP_MARK = ".orbax-checkpoint-tmp"
 
 
@@ -211,7 +213,7 @@ def close_after(checkpointer: Checkpointer, error: BaseException | None, step: i
         if error is None:
             raise
         save_failure = e
-    if error is None or isinstance(error, RunError) or jax.process_index() != 0:
+    if error is None or isinstance(error, RunError) or not is_coordinator():
         return
     how = "interrupted" if isinstance(error, KeyboardInterrupt) else f"stopped by {type(error).__name__}"
     if save_failure is not None:
@@ -343,7 +345,7 @@ def _set_aside(directory: str, step: int) -> str:
 def _remove_partial_saves(directory: str) -> None:
     """Remove the `<step>.orbax-checkpoint-tmp*` directories of saves an earlier attempt
     of this run did not finish (killed, disk full, a second Ctrl-C)."""
-    if jax.process_index() != 0 or not os.path.isdir(directory):
+    if not is_coordinator() or not os.path.isdir(directory):
         return
     for name in os.listdir(directory):
         if re.fullmatch(r"\d+" + re.escape(TMP_MARK) + r".*", name):
@@ -356,11 +358,11 @@ def _report_fallback(source: Checkpointer, own: Checkpointer, failed: list, step
     if not failed:
         return
     moved = []
-    if source is own and jax.process_index() == 0:
+    if source is own and is_coordinator():
         moved = [_set_aside(own.directory, bad) for bad, _ in failed]
     if source is own:
         own._manager.reload()
-    if jax.process_index() == 0:
+    if is_coordinator():
         what = "; ".join(_describe(source.path(bad), damage) for bad, damage in failed)
         aside = f"; set aside as {', '.join(moved)}" if moved else ""
         print(f"{what}; resuming from the previous one, {source.path(step)}{aside}", file=sys.stderr, flush=True)

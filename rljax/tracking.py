@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-import jax
+from rljax.distributed import is_coordinator
 
 # (metric, console label): what a user watches, in this order; validation accuracy
 # (`val-core/{data_source}/acc/mean@k`) follows when a step computed it.
@@ -75,7 +75,7 @@ class Tracker:
         unknown = set(loggers) - {"console", "tensorboard", "jsonl"}
         if unknown:
             raise ValueError(f"trainer.logger: unknown logger(s) {sorted(unknown)}; use console, tensorboard, jsonl")
-        self.enabled = jax.process_index() == 0
+        self.enabled = is_coordinator()
         self.loggers = set(loggers)
         self.total_steps = total_steps
         self.run_dir = run_dir

@@ -12,7 +12,7 @@ Nothing appended is ever decoded and re-encoded. `segments` records each appende
 (``"sampled"`` or ``"observation"``) so tests and debuggers can check every boundary.
 
 `pack_trajectories` turns many trajectories into right-padded numpy arrays following the data
-contract of DESIGN.md: ``input_ids = prompt_ids + response_ids``, and at every position t
+contract of docs/design.md: ``input_ids = prompt_ids + response_ids``, and at every position t
 ``response_mask[t]`` / ``rollout_log_probs[t]`` describe ``input_ids[t]`` itself (the logprob
 *of* that token given the tokens before it; the training side shifts logits, not these
 arrays).
@@ -158,7 +158,7 @@ def pack_trajectories(
     pad_to_multiple_of: int = 1,
     max_length: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """Right-padded training arrays (DESIGN.md data contract) from trajectories.
+    """Right-padded training arrays (docs/design.md, data contract) from trajectories.
 
     Returns a dict of numpy arrays, B = len(trajectories), T = longest prompt+response rounded
     up to a multiple of `pad_to_multiple_of` (bucketed shapes keep the number of compiled

@@ -2,7 +2,7 @@
 happens here, once), including a chunked path from hidden states that never materialises
 the [B, T, vocab] logits.
 
-The data contract (DESIGN.md): a per-token array x [B, T] is aligned with `input_ids`;
+The data contract (docs/design.md): a per-token array x [B, T] is aligned with `input_ids`;
 x[:, t] is about token input_ids[:, t] given the tokens before it, so it is computed from
 the model output at position t - 1; x[:, 0] = 0 (the first token has no prediction).
 Masks for such arrays must therefore be 0 at t = 0 (a response never starts at 0).

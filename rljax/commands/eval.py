@@ -28,8 +28,13 @@ def main(args) -> int:
     from rljax.rl.config import RLConfig
     from rljax.rl.evaluate import evaluate
 
+    from rljax.distributed import is_coordinator, initialize
+
     cfg = load_config(RLConfig, args.config, args.overrides)  # a ConfigError is one line (rljax.cli)
+    initialize()  # jax.distributed from RLJAX_* / TPU environment; no-op for one process
     metrics = evaluate(cfg, checkpoint=args.checkpoint, work_dir=args.work_dir)
+    if not is_coordinator():  # every process computed the same metrics; one prints and writes them
+        return 0
     width = max((len(k) for k in metrics), default=0)
     for key in sorted(metrics):
         print(f"{key:<{width}}  {metrics[key]:.4f}")

@@ -1,4 +1,4 @@
-"""Rollouts -> the training batch of the data contract (DESIGN.md).
+"""Rollouts -> the training batch of the data contract (docs/design.md).
 
 Each sample becomes one right-padded row `prompt + response`, padded to a bucket length
 so a run compiles a handful of shapes. Arrays are `[B, T]` and aligned with `input_ids`

@@ -38,12 +38,6 @@ from rljax.rl.config import ActorConfig, CriticConfig, RolloutCorrectionSection
 sg = jax.lax.stop_gradient
 
 
-def sequence_model_log_probs(model, batch, temperature: float, entropy: bool):
-    hidden = model.hidden_states(batch["input_ids"], attention_mask=batch["attention_mask"])
-    return log_probs_from_hidden(hidden, model.unembedding(), batch["input_ids"],
-                                 temperature=temperature, compute_entropy=entropy)
-
-
 def full_kl_to_reference(model, hidden, batch, reference_params, temperature: float) -> jax.Array:
     """Exact KL(pi_theta || pi_ref) over the vocabulary per response position (aligned,
     chunked: `kl_from_hidden`); the reference is `model`'s graph with the frozen params, and

@@ -12,18 +12,15 @@ of the mean (the looser, non-contiguous greedy was not worth a second numbering)
 
 SPMD: the assignment is a pure function of the groups' sizes, which every process holds
 (prompt lengths and sampling params of the shared batch), so every process knows where
-every group runs without talking, and `merge_in_order` gives every process the same
-order. Agent episodes stay on the replica of the group they started in for their whole
-life (`Assignment.episode_replicas`): their later turns hit that replica's prefix cache.
+every group runs without talking, and the replicas' results concatenated in replica
+order are the groups in request order, on every process. An agent episode runs inside its group's round, so it stays on one replica for its
+whole life and its later turns hit that replica's prefix cache.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable, Mapping, Sequence, TypeVar
-
-T = TypeVar("T")
-E = TypeVar("E", bound=Hashable)
+from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -71,9 +68,6 @@ class Assignment:
             out[replica] += group.expected_tokens
         return out
 
-    def episode_replicas(self, episode_groups: Mapping[E, int]) -> dict[E, int]:
-        """Episode id -> the replica of the group it started in, for every turn of it."""
-        return {episode: self.replica_of[group] for episode, group in episode_groups.items()}
 
 
 def _fill(sizes: Sequence[int], cap: int, num_replicas: int) -> list[int] | None:
@@ -106,18 +100,3 @@ def assign_groups(groups: Sequence[Group], num_replicas: int) -> Assignment:
         else:
             high = middle
     return Assignment(tuple(_fill(sizes, low, num_replicas)), num_replicas)
-
-
-def merge_in_order(per_replica_results: Sequence[Sequence[T]], assignment: Assignment) -> list[T]:
-    """Results in request order: `per_replica_results[r][j]` is the result of group
-    `assignment.per_replica[r][j]`."""
-    expected = assignment.per_replica
-    if len(per_replica_results) != len(expected):
-        raise ValueError(f"{len(per_replica_results)} replicas returned results, {len(expected)} were assigned")
-    out: list = [None] * len(assignment.replica_of)
-    for replica, (results, groups) in enumerate(zip(per_replica_results, expected)):
-        if len(results) != len(groups):
-            raise ValueError(f"replica {replica} returned {len(results)} results for {len(groups)} groups")
-        for group, result in zip(groups, results):
-            out[group] = result
-    return out

@@ -1,14 +1,12 @@
 """Group assignment: whole groups per replica in contiguous runs, the largest expected-token
-load as small as any contiguous split allows (checked by brute force), deterministic,
-results merged back in request order, agent episodes pinned to the replica of the group
-they started in."""
+load as small as any contiguous split allows (checked by brute force), deterministic."""
 
 import itertools
 
 import numpy as np
 import pytest
 
-from rljax.rollout.assign import Assignment, Group, assign_groups, merge_in_order
+from rljax.rollout.assign import Group, assign_groups
 
 
 def random_groups(rng, count):
@@ -80,26 +78,3 @@ def test_more_replicas_than_groups_leaves_some_idle_and_bad_counts_fail():
     assert assign_groups([], 3).per_replica == ((), (), ())
     with pytest.raises(ValueError, match="num_replicas"):
         assign_groups([Group(1, 1, 1)], 0)
-
-
-def test_merge_restores_request_order():
-    rng = np.random.default_rng(3)
-    groups = random_groups(rng, 40)
-    a = assign_groups(groups, 3)
-    # each replica answers its groups in its own order; the results name their group
-    per_replica = [[f"group {g}" for g in groups_of_r] for groups_of_r in a.per_replica]
-    assert merge_in_order(per_replica, a) == [f"group {g}" for g in range(40)]
-    with pytest.raises(ValueError, match="replica 0 returned"):
-        merge_in_order([per_replica[0][:-1], *per_replica[1:]], a)
-    with pytest.raises(ValueError, match="2 replicas returned"):
-        merge_in_order(per_replica[:2], a)
-
-
-def test_agent_episodes_stay_on_the_replica_of_their_group():
-    a = Assignment(replica_of=(2, 0, 1), num_replicas=3)
-    episodes = {"ep-a": 0, "ep-b": 0, "ep-c": 2, 7: 1}  # episode id -> group it started in
-    pins = a.episode_replicas(episodes)
-    assert pins == {"ep-a": 2, "ep-b": 2, "ep-c": 1, 7: 0}
-    # every later turn looks up the same pin, whatever order the turns arrive in
-    turns = ["ep-c", "ep-a", 7, "ep-a", "ep-b", "ep-c", 7]
-    assert [pins[e] for e in turns] == [1, 2, 0, 2, 2, 1, 0]
