@@ -12,7 +12,12 @@ Rows (bytes per device):
 - activations of one micro-batch: an estimate from the formulas printed with the table
   (XLA may fuse some tensors away or keep a few more);
 - the KV cache the sampler would need for `--kv-seqs` sequences of `--kv-len` tokens,
-  sequences split over data x fsdp and kv heads over tensor.
+  sequences split over data x fsdp and kv heads over tensor;
+- RL configs with `rollout.tensor_parallel_size >= 1`: the rollout replicas instead (dp x
+  tp), each device's share of the replica's weights (split over tp only) and of its KV
+  pool (`rollout.num_pages`, or `--kv-seqs` x `--kv-len` per replica), the full-length
+  sequences that pool holds, and the weight hand-off's transient (a second copy of the
+  rollout weights while the old one is released).
 """
 
 from __future__ import annotations
@@ -111,6 +116,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     total: int = 0
     kv: list[tuple[str, int]] = field(default_factory=list)
+    rollout: "RolloutPlan | None" = None  # the replicas, when rollout.tensor_parallel_size >= 1
 
     def add(self, name: str, nbytes: int, count: bool = True) -> None:
         self.rows.append((name, int(nbytes)))
@@ -189,12 +195,74 @@ def _rl_settings(raw: dict) -> dict:
         "kv_fraction": rollout.get("kv_cache_memory_fraction"),
         "micro_per_device": actor.get("ppo_micro_batch_size_per_device"),
         "reference": bool(actor.get("use_kl_loss") or algorithm.get("use_kl_in_reward")),
-        "critic": algorithm.get("adv_estimator") == "gae",
+        "critic": _needs_critic(algorithm.get("adv_estimator", "grpo")),
         "optim": actor.get("optim"),
+        "tp": int(rollout.get("tensor_parallel_size") or 0),
+        "dp": int(rollout.get("data_parallel_size") or 0),
+        "num_pages": int(rollout.get("num_pages") or 0),
+        "page_size": int(rollout.get("page_size") or 16),
+        "max_num_seqs": int(rollout.get("max_num_seqs") or 64),
     }
     if actor.get("ppo_mini_batch_size"):
         out["mini_batch"] = int(actor["ppo_mini_batch_size"]) * int(rollout.get("n", 1))
     return out
+
+
+def _needs_critic(estimator: str) -> bool:
+    """Whether `algorithm.adv_estimator` trains a critic (the estimator's spec says so)."""
+    from rljax.algos.registry import get_adv_estimator
+    from rljax.config import ConfigError
+
+    try:
+        return get_adv_estimator(estimator).needs_critic
+    except ValueError as e:
+        raise ConfigError(f"algorithm.adv_estimator: {e}") from None
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """The replicas of `rollout.tensor_parallel_size >= 1` (`rljax.rollout.replicas`).
+
+    weights_bytes: one replica device's share of the weights (split over tp only).
+    kv_bytes: one replica device's share of its pool (`kv_bytes_per_device`).
+    sequences: full-length sequences (prompt + response, whole pages each) the pool's
+        usable pages hold (page 0 is the null page).
+    handoff_bytes: the hand-off's transient per device: the new copy of the weights
+        exists until the sampler drops the old one.
+    """
+
+    dp: int
+    tp: int
+    pages: int
+    page_size: int
+    seq_len: int
+    sequences: int
+    weights_bytes: int
+    kv_bytes: int
+    handoff_bytes: int
+
+
+def rollout_plan(cfg, params, devices: int, rl: dict, seq_len: int, kv_seqs: int | None, kv_len: int | None,
+                 dtype) -> RolloutPlan:
+    """Per-device memory of the rollout replicas. Pages: `rollout.num_pages` (each
+    replica's pool), else room for `kv_seqs` (default `rollout.max_num_seqs`) sequences
+    of `kv_len` (default prompt + response) tokens per replica, plus the null page."""
+    from rljax.parallel import MeshConfig, ShardingError, abstract_mesh, planned_bytes, state_shardings
+    from rljax.rollout.kv_cache import CacheShape
+    from rljax.rollout.replicas import kv_bytes_per_device
+
+    tp, page_size = rl["tp"], rl["page_size"]
+    dp = rl["dp"] or devices // tp
+    if devices % tp or dp * tp > devices:
+        raise ShardingError(f"rollout.data_parallel_size={dp} x rollout.tensor_parallel_size={tp} does not fit "
+                            f"the {devices} devices")
+    replica = abstract_mesh(MeshConfig(data=1, fsdp=1, tensor=tp), tp)
+    weights = planned_bytes(params, state_shardings(params, replica))
+    pages = rl["num_pages"] or (kv_seqs or rl["max_num_seqs"]) * -(-(kv_len or seq_len) // page_size) + 1
+    shape = CacheShape(cfg.num_hidden_layers, pages, page_size, cfg.num_key_value_heads, cfg.head_dim, dtype)
+    return RolloutPlan(dp=dp, tp=tp, pages=pages, page_size=page_size, seq_len=seq_len,
+                       sequences=(pages - 1) // -(-seq_len // page_size), weights_bytes=weights,
+                       kv_bytes=kv_bytes_per_device(shape, tp), handoff_bytes=weights)
 
 
 def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float | None = None,
@@ -280,7 +348,7 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
                  act, count=remat == section.remat)
     plan.add("logits, chunked log-probs", logits_bytes(cfg, rows, seq, tensor))
 
-    # the sampler's KV cache
+    # the sampler's KV cache: on the training mesh (tp = 0), or the replicas' below
     sampler = SamplerConfig()
     seqs = kv_seqs or rl.get("kv_seqs") or sampler.max_num_seqs
     length = kv_len or rl.get("seq_len") or sampler.max_model_len
@@ -289,16 +357,28 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
                     kv_cache_bytes(cfg, seqs, length, mesh, kv_bytes)))
     per_token = kv_cache_bytes(cfg, data_parallel_size(mesh), 1, mesh, kv_bytes)
     plan.kv.append(("kv cache per cached token (one sequence)", per_token))
+    if rl.get("tp"):  # replicas: their pools replace the training-mesh sampler's
+        plan.rollout = rollout_plan(cfg, params, n, rl, rl["seq_len"], kv_seqs, kv_len,
+                                    jnp.dtype(kv_dtype or policy.compute))
+        plan.kv = []
     if device_memory_gb:
         limit = int(device_memory_gb * 1e9)
         free = limit - p_bytes - o_bytes - (p_bytes if reference else 0)  # what stays resident while sampling
         fraction = rl.get("kv_fraction") or sampler.kv_cache.memory_fraction
-        plan.notes.append(
-            f"device memory {device_memory_gb:g} GB: training needs {plan.total / GiB:.2f} GiB -> "
-            + ("fits" if plan.total <= limit else "DOES NOT FIT")
-            + f"; a sampler beside params + optimizer state gets {fraction:g} x {max(free, 0) / GiB:.2f} GiB free = "
-            f"{int(max(free, 0) * fraction) // max(per_token, 1):,} cached tokens per device"
-        )
+        note = (f"device memory {device_memory_gb:g} GB: training needs {plan.total / GiB:.2f} GiB -> "
+                + ("fits" if plan.total <= limit else "DOES NOT FIT"))
+        if plan.rollout is None:
+            note += (f"; a sampler beside params + optimizer state gets {fraction:g} x {max(free, 0) / GiB:.2f} GiB "
+                     f"free = {int(max(free, 0) * fraction) // max(per_token, 1):,} cached tokens per device")
+        plan.notes.append(note)
+        if plan.rollout is not None:  # the replicas share the training devices: what is resident while sampling
+            r = plan.rollout
+            sampling = p_bytes + o_bytes + (p_bytes if reference else 0) + r.weights_bytes + r.kv_bytes
+            plan.notes.append(
+                f"while the replicas sample: params + optimizer state{' + reference' if reference else ''} + "
+                f"rollout weights + KV pool = {sampling / GiB:.2f} GiB per device, "
+                f"{(sampling + r.handoff_bytes) / GiB:.2f} GiB during the hand-off -> "
+                + ("fits" if sampling + r.handoff_bytes <= limit else "DOES NOT FIT"))
     return plan
 
 
@@ -307,14 +387,28 @@ def _count(n: int) -> str:
 
 
 def render(plan: Plan) -> str:
-    width = max(len(name) for name, _ in plan.rows + plan.kv) + 2
+    rollout_rows = []
+    if plan.rollout is not None:
+        r = plan.rollout
+        rollout_rows = [("rollout weights per device (split over tp)", r.weights_bytes),
+                        ("rollout kv cache per device (one replica's pool / tp)", r.kv_bytes),
+                        ("weight hand-off transient per device (new copy)", r.handoff_bytes)]
+    width = max(len(name) for name, _ in plan.rows + plan.kv + rollout_rows) + 2
     lines = [*plan.title, "", f"{'per device':<{width}}{'GiB':>10}{'bytes':>18}"]
     for name, nbytes in plan.rows:
         lines.append(f"{name:<{width}}{nbytes / GiB:>10.3f}{nbytes:>18,}")
     lines.append(f"{'total for training (configured remat)':<{width}}{plan.total / GiB:>10.3f}{plan.total:>18,}")
-    lines.append("")
+    if plan.kv:
+        lines.append("")
     for name, nbytes in plan.kv:
         lines.append(f"{name:<{width}}{nbytes / GiB:>10.3f}{nbytes:>18,}")
+    if plan.rollout is not None:
+        r = plan.rollout
+        lines += ["", f"rollout: {r.dp} replicas (data_parallel_size) x {r.tp} devices (tensor_parallel_size); "
+                      f"{r.pages} pages of {r.page_size} tokens per replica = {r.sequences} sequences of "
+                      f"{r.seq_len} tokens (prompt + response)"]
+        for name, nbytes in rollout_rows:
+            lines.append(f"{name:<{width}}{nbytes / GiB:>10.3f}{nbytes:>18,}")
     lines += ["", *plan.notes]
     lines += [
         "",
@@ -324,6 +418,13 @@ def render(plan: Plan) -> str:
         " full = LbTce + bT(A+S); logits = 2 b min(T,1024) V/t 4; kv = 2 L ceil(seqs/(data*fsdp)) len ceil(k/t) D c.",
         " params/optimizer/gradients: exact shard shapes from the logical-axis rules.",
     ]
+    if plan.rollout is not None:
+        lines += [
+            " rollout (tp >= 1): weights on a 1 x 1 x tp mesh by the same rules; kv = pages x 2 L page k D c / t",
+            " (t = tp when it divides k, else 1); sequences = (pages - 1) / ceil((prompt + response) / page);",
+            " pages = rollout.num_pages, else --kv-seqs (default rollout.max_num_seqs) x ceil(len / page) + 1",
+            " per replica.",
+        ]
     return "\n".join(lines)
 
 

@@ -69,3 +69,53 @@ def test_auto_attention_is_planned_as_the_kernel_it_resolves_to():
     assert fallback > 2 * flash  # fp32 doubles A; the probs add more on top
     cpu, _ = activations("cpu", "bfloat16")
     assert cpu > flash  # the same dtype with the [T, T] probs
+
+
+TINY_MODEL = ("{model_type: qwen2, vocab_size: 128, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, "
+              "num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16, tie_word_embeddings: true}")
+
+
+def rollout_raw(*overrides: str) -> dict:
+    config = TINY.replace("sft_tiny.yaml", "gsm8k_qwen2.5_0.5b_grpo.yaml")
+    return load_raw(config, [f"model.hf_config={TINY_MODEL}", "model.param_dtype=float32", *overrides])
+
+
+def test_plan_shows_the_rollout_replicas_by_hand(capsys):
+    """tp = 2 on 8 devices: 4 replicas; weights split over tensor only; one replica's pool
+    halved by its 2 devices (2 kv heads); sequences = usable pages / pages per sequence."""
+    raw = rollout_raw("rollout.tensor_parallel_size=2", "rollout.num_pages=129", "rollout.page_size=16",
+                      "data.max_prompt_length=48", "rollout.response_length=16")
+    r = make_plan(raw, devices=8, device_memory_gb=16).rollout
+    assert (r.dp, r.tp, r.pages, r.page_size, r.seq_len) == (4, 2, 129, 16, 64)
+    assert r.sequences == 128 // 4  # 64 tokens = 4 pages each
+    e, m, L, V, D = 64, 128, 2, 128, 16
+    # f32 weights: embed [V, e] over tensor; per layer q/o (4 heads x D) and k/v (2 kv heads x D) over tensor,
+    # mlp gate/up/down over tensor, norms (2e per layer + final e) and q/k/v biases (heads over tensor) whole
+    split = V * e + L * (2 * e * 4 * D + 2 * e * 2 * D + 3 * e * m + (4 + 2 + 2) * D)
+    whole = L * 2 * e + e
+    assert r.weights_bytes == 4 * (split // 2 + whole) == r.handoff_bytes
+    assert r.kv_bytes == 2 * L * 129 * 16 * 2 * D * 2 // 2  # bf16 compute dtype, kv heads over tp = 2
+    assert "while the replicas sample" in make_plan(raw, devices=8, device_memory_gb=16).notes[-1]
+    assert cli_main(["plan", TINY.replace("sft_tiny.yaml", "gsm8k_qwen2.5_0.5b_grpo.yaml"),
+                     f"model.hf_config={TINY_MODEL}", "rollout.tensor_parallel_size=2", "--devices", "8",
+                     "--kv-seqs", "8", "--kv-len", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout: 4 replicas (data_parallel_size) x 2 devices (tensor_parallel_size); 33 pages" in out  # 8 x 4 + 1
+    assert "rollout weights per device (split over tp)" in out and "weight hand-off transient" in out
+    # 2 kv heads over tp = 4: refused as the hand-off would refuse it
+    with pytest.raises(SystemExit, match=r"k_(proj|bias): dimension 'kv_heads' of size 2 .*tensor=4"):
+        cli_main(["plan", TINY.replace("sft_tiny.yaml", "gsm8k_qwen2.5_0.5b_grpo.yaml"),
+                  f"model.hf_config={TINY_MODEL}", "rollout.tensor_parallel_size=4", "--devices", "8"])
+
+
+def test_plan_without_replicas_and_estimator_specs():
+    assert make_plan(rollout_raw(), devices=8).rollout is None  # tp = 0: the sampler on the training mesh
+    names = dict(make_plan(rollout_raw("algorithm.adv_estimator=gae"), devices=8).rows)
+    assert "critic: params + optimizer + gradients" in names  # the estimator's spec needs a critic
+    assert "critic: params + optimizer + gradients" not in dict(make_plan(rollout_raw(), devices=8).rows)
+    with pytest.raises(SystemExit, match=r"plan: .*algorithm.adv_estimator: Unknown advantage estimator 'gea'"):
+        cli_main(["plan", TINY.replace("sft_tiny.yaml", "gsm8k_qwen2.5_0.5b_grpo.yaml"),
+                  f"model.hf_config={TINY_MODEL}", "algorithm.adv_estimator=gea"])
+    with pytest.raises(SystemExit, match=r"tensor_parallel_size=3 does not fit the 8 devices"):
+        cli_main(["plan", TINY.replace("sft_tiny.yaml", "gsm8k_qwen2.5_0.5b_grpo.yaml"),
+                  f"model.hf_config={TINY_MODEL}", "rollout.tensor_parallel_size=3", "--devices", "8"])
