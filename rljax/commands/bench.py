@@ -10,11 +10,12 @@ HELP = "Run a benchmark; prints one table and writes JSON."
 BENCHES: dict[str, str] = {
     "sampler": "sampler",
     "compile": "compile",
-    "logprobs": "logprobs",
+    "log_probs": "log_probs",
     "train": "train",
     "mismatch": "mismatch",
     "step": "step",
     "agent": "agent",
+    "rollout": "rollout",
 }
 
 

@@ -183,3 +183,20 @@ def test_bench_agent_scripted_and_with_a_model(tmp_path):
     assert result["mode"] == "model" and result["num_episodes"] == 4
     for mode in ("concurrent", "sequential"):
         assert result[f"{mode}_episodes_per_s"] > 0 and 0.0 <= result[f"{mode}_tool_use_rate"] <= 1.0
+
+
+def test_bench_rollout_replicas_do_an_eighth_of_the_work(tmp_path):
+    """`rljax bench rollout` at a tiny size: 8 replicas of one device sample the tokens of
+    the sampler on the training mesh, each device generating 1/8 of them with 1/8 of the
+    KV bytes (the same total pages)."""
+    out = tmp_path / "rollout.json"
+    assert cli.main(["bench", "rollout", "--prompts", "8", "--n", "2", "--prompt-len", "8", "--max-tokens", "8",
+                     "--tp", "1", "--out", str(out)]) == 0
+    mesh, replicas = json.loads(out.read_text())["rows"]
+    assert (mesh["tp"], replicas["replicas"], replicas["tp"]) == (0, 8, 1)
+    assert mesh["same_tokens"] is None and replicas["same_tokens"] is True  # the mesh sampler is the reference
+    assert mesh["tokens_per_device"] == 8 * 2 * 8 == 8 * replicas["tokens_per_device"]
+    assert mesh["kv_bytes_per_device"] == 8 * replicas["kv_bytes_per_device"]
+    assert replicas["handoff_s"] > 0 and replicas["handoff_bytes_per_device"] > 0
+    assert 0 < replicas["decode_mflops_per_device"] < mesh["decode_mflops_per_device"]
+    assert replicas["decode_collectives"] == 0 < mesh["decode_collectives"]  # a replica of one device talks to none
