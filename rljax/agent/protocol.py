@@ -14,8 +14,8 @@ Conventions (the real sampler adapts to these; field names are part of the contr
   `stop_token_ids`; it works with a `dict` or with any object with those attributes (a
   dataclass is copied with `dataclasses.replace`; the caller's object is never mutated).
 - `TurnOutput.token_ids` are the sampled ids *including* the stop token when generation
-  stopped on one (`finish_reason == "stop"`), exactly as sampled; `TurnOutput.logprobs[i]` is
-  the sampling-time logprob of `token_ids[i]` (same length).
+  stopped on one (`finish_reason == "stop"`), exactly as sampled; `TurnOutput.log_probs[i]` is
+  the sampling-time log_prob of `token_ids[i]` (same length).
 - `finish_reason` is `"stop"` (a stop token was sampled) or `"length"` (hit `max_tokens`).
 """
 
@@ -43,7 +43,7 @@ class TurnOutput:
     """What the sampler returns for one request (see module docstring for conventions)."""
 
     token_ids: list[int]
-    logprobs: list[float]
+    log_probs: list[float]
     finish_reason: str
 
     def validate(self, max_tokens: int | None = None) -> None:
@@ -84,11 +84,11 @@ def with_max_tokens(params: Any, max_tokens: int) -> Any:
 def validate_completion(completion: Any, max_tokens: int | None = None) -> None:
     """Raise `ValueError` when a completion breaks the protocol.
 
-    Duck-typed: works on any object with ``token_ids``, ``logprobs`` and ``finish_reason``.
+    Duck-typed: works on any object with ``token_ids``, ``log_probs`` and ``finish_reason``.
     """
-    n_tok, n_lp = len(completion.token_ids), len(completion.logprobs)
+    n_tok, n_lp = len(completion.token_ids), len(completion.log_probs)
     if n_tok != n_lp:
-        raise ValueError(f"TurnOutput has {n_tok} token_ids but {n_lp} logprobs")
+        raise ValueError(f"TurnOutput has {n_tok} token_ids but {n_lp} log_probs")
     if completion.finish_reason not in FINISH_REASONS:
         raise ValueError(
             f"TurnOutput.finish_reason must be one of {FINISH_REASONS}, got {completion.finish_reason!r}"

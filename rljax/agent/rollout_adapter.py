@@ -37,4 +37,4 @@ class RolloutSamplerAdapter:
             if len(out) != 1:
                 raise ValueError(f"expected one completion, got {len(out)}")
             out = out[0]
-        return TurnOutput(list(out.token_ids), [float(x) for x in out.logprobs], str(out.finish_reason))
+        return TurnOutput(list(out.token_ids), [float(x) for x in out.log_probs], str(out.finish_reason))

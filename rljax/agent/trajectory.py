@@ -4,16 +4,16 @@ One `TrajectoryBuilder` per episode owns the episode's token buffer:
 
 - ``prompt_ids``: the rendered initial prompt, tokenized once;
 - ``response_ids``: everything after the prompt, in order: sampled tokens exactly as the
-  sampler returned them (``response_mask`` 1, ``rollout_log_probs`` = sampling logprob) and
+  sampler returned them (``response_mask`` 1, ``rollout_log_probs`` = sampling log_prob) and
   observation deltas (tool results, user/environment turns, and any end-of-turn token the
-  loop had to add), tokenized once from the chat template (mask 0, logprob 0.0).
+  loop had to add), tokenized once from the chat template (mask 0, log_prob 0.0).
 
 Nothing appended is ever decoded and re-encoded. `segments` records each appended span
 (``"sampled"`` or ``"observation"``) so tests and debuggers can check every boundary.
 
 `pack_trajectories` turns many trajectories into right-padded numpy arrays following the data
 contract of docs/design.md: ``input_ids = prompt_ids + response_ids``, and at every position t
-``response_mask[t]`` / ``rollout_log_probs[t]`` describe ``input_ids[t]`` itself (the logprob
+``response_mask[t]`` / ``rollout_log_probs[t]`` describe ``input_ids[t]`` itself (the log_prob
 *of* that token given the tokens before it; the training side shifts logits, not these
 arrays).
 """
@@ -121,14 +121,14 @@ class TrajectoryBuilder:
             return self.response_ids[-1]
         return self.prompt_ids[-1] if self.prompt_ids else None
 
-    def append_sampled(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
-        """Append sampled tokens as sampled: mask 1, their sampling logprobs."""
-        if len(token_ids) != len(logprobs):
-            raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} logprobs")
-        self._append(SAMPLED, token_ids, [1] * len(token_ids), [float(x) for x in logprobs])
+    def append_sampled(self, token_ids: Sequence[int], log_probs: Sequence[float]) -> None:
+        """Append sampled tokens as sampled: mask 1, their sampling log_probs."""
+        if len(token_ids) != len(log_probs):
+            raise ValueError(f"{len(token_ids)} tokens but {len(log_probs)} log_probs")
+        self._append(SAMPLED, token_ids, [1] * len(token_ids), [float(x) for x in log_probs])
 
     def append_observation(self, token_ids: Sequence[int]) -> None:
-        """Append template/observation tokens: mask 0, logprob 0.0."""
+        """Append template/observation tokens: mask 0, log_prob 0.0."""
         self._append(OBSERVATION, token_ids, [0] * len(token_ids), [0.0] * len(token_ids))
 
     def _append(self, kind: str, ids: Sequence[int], mask: list[int], lps: list[float]) -> None:
@@ -168,7 +168,7 @@ def pack_trajectories(
     - ``attention_mask`` [B, T] int32: 1 on real tokens, 0 on padding;
     - ``positions`` [B, T] int32: 0..len-1 on real tokens, 0 on padding;
     - ``response_mask`` [B, T] int32: 1 on sampled tokens only (0 on prompt, observations, pad);
-    - ``rollout_log_probs`` [B, T] float32: logprob of ``input_ids[t]`` at sampling time on
+    - ``rollout_log_probs`` [B, T] float32: log_prob of ``input_ids[t]`` at sampling time on
       sampled tokens, 0.0 elsewhere;
     - ``token_level_rewards`` [B, T] float32: the trajectory reward on its last sampled token
       (the last response token if none was sampled), 0 elsewhere;

@@ -10,12 +10,12 @@ Modules, one job each:
     kl.py                  k1/k2/k3 (+ straight-through), full-vocab KL, KL controllers
     advantages.py          GAE, GRPO, Dr.GRPO, RLOO, REINFORCE++(-baseline), ReMax, OPO, GPG, pass@k
     value.py               clipped value loss
-    logprobs.py            aligned token log-probs / entropy; chunked from hidden states
+    log_probs.py            aligned token log-probs / entropy; chunked from hidden states
     preference.py          DPO (sigmoid / cDPO, IPO, hinge, reference-free), Bradley-Terry
     sft.py                 masked cross-entropy
 
 Names follow verl's `core_algos` (and TRL for DPO). Per-token arrays are [B, T] and aligned
-with input_ids (see `logprobs`); losses return `(loss, metrics)`, or `(AggTerms, metrics)`
+with input_ids (see `log_probs`); losses return `(loss, metrics)`, or `(AggTerms, metrics)`
 with `return_terms=True`.
 """
 
@@ -56,7 +56,7 @@ from rljax.algos.kl import (
     kl_from_logits,
     kl_penalty,
 )
-from rljax.algos.logprobs import (
+from rljax.algos.log_probs import (
     align_next_token,
     compute_entropy_loss,
     entropy_from_logits,

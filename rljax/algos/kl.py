@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from rljax.algos.aggregation import AggTerms, agg_loss_terms, finish_loss
-from rljax.algos.logprobs import DEFAULT_CHUNK_SIZE, align_next_token, map_position_chunks
+from rljax.algos.log_probs import DEFAULT_CHUNK_SIZE, align_next_token, map_position_chunks
 from rljax.algos.masked import as_float, masked_mean
 from rljax.algos.registry import get_kl_estimator, register_kl_estimator
 
@@ -109,7 +109,7 @@ def kl_from_logits(logits: ArrayLike, ref_logits: ArrayLike, temperature: float 
         KL = sum_v p_v (log p_v - log q_v),  p = softmax(logits / T), q = softmax(ref_logits / T)
 
     verl's "full" kl_penalty. Entry t is the KL of the next-token distributions at
-    position t; `rljax.algos.logprobs.align_next_token` aligns it with input_ids.
+    position t; `rljax.algos.log_probs.align_next_token` aligns it with input_ids.
     """
     log_p = jax.nn.log_softmax(as_float(logits).astype(jnp.float32) / temperature, axis=-1)
     log_q = jax.nn.log_softmax(as_float(ref_logits).astype(jnp.float32) / temperature, axis=-1)

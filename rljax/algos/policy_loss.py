@@ -14,7 +14,7 @@ which does what every loss shares: it multiplies the per-token losses by the rol
 weights (rollout correction; constants, no gradient), aggregates them (`agg_loss_terms`),
 honours `global_denominator` / `return_terms` and records `actor/pg_loss`. All arrays are
 [B, T] and aligned with `input_ids` (entry t is about token t, see
-`rljax.algos.logprobs.token_log_probs`); `config` is a `PolicyLossConfig` (None: its
+`rljax.algos.log_probs.token_log_probs`); `config` is a `PolicyLossConfig` (None: its
 defaults). With `return_terms=True` the first result is an `AggTerms(numerator,
 denominator)` instead of the scalar (see `rljax.algos.aggregation` for the micro-batch
 protocol); with `global_denominator=D` it is numerator / D. Metrics are jnp scalars named

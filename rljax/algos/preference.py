@@ -1,7 +1,7 @@
 """Preference losses: the DPO family and the Bradley-Terry reward-model loss.
 
 Inputs are per-pair scalars [B] (sequence log-probabilities or rewards). Sequence
-log-probabilities come from aligned per-token log-probs (`rljax.algos.logprobs`) summed
+log-probabilities come from aligned per-token log-probs (`rljax.algos.log_probs`) summed
 over the response mask with `sequence_log_probs`. An optional `pair_mask` [B] (1 = a real
 pair) lets bucketed batches carry padding pairs. Losses average over pairs and, like every
 loss here, can return `AggTerms(sum over pairs, number of pairs)` for micro-batching.

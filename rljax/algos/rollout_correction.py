@@ -1,5 +1,5 @@
 """Rollout correction: importance weights and rejection masks between the rollout policy
-(the sampler's logprobs) and the training policy (the trainer's logprobs).
+(the sampler's log_probs) and the training policy (the trainer's log_probs).
 
 With rho_t = pi_train(y_t) / pi_rollout(y_t), computed in log space from
 log_ratio = log pi_train - log pi_rollout:
@@ -295,7 +295,7 @@ def compute_offpolicy_metrics(
 ) -> Metrics:
     """Diagnostics of the rollout / training mismatch (verl `compute_offpolicy_metrics`).
 
-    training_ppl / rollout_ppl (mean over sequences of exp(-mean token logprob)), their logs,
+    training_ppl / rollout_ppl (mean over sequences of exp(-mean token log_prob)), their logs,
     kl = mean(log pi_rollout - log pi_train), k3_kl = mean(rho - log rho - 1),
     log_ppl_diff (+ abs, max, min), ppl_ratio, chi2_token = E[rho^2] - 1,
     chi2_seq = E_seq[(prod rho)^2] - 1. Means over sequences use sequences with a nonzero mask.
@@ -333,7 +333,7 @@ def compute_offpolicy_metrics(
 def compute_rollout_probs_diff_metrics(
     log_prob: ArrayLike, rollout_log_prob: ArrayLike, response_mask: ArrayLike
 ) -> Metrics:
-    """|p_train - p_rollout| of sampled tokens (probabilities, not logprobs), as verl's debug
+    """|p_train - p_rollout| of sampled tokens (probabilities, not log_probs), as verl's debug
     metrics: training/rollout_probs_diff_{max,mean,std} and the Pearson correlation of the
     two probabilities, training/rollout_actor_probs_pearson_corr (MiniMax-M1, arXiv:2506.13585).
     std is the unbiased std over unmasked tokens.
@@ -371,8 +371,8 @@ def compute_rollout_correction_and_rejection_mask(
     """IS weights, rejection mask and diagnostics in one call (verl's unified entry point).
 
     Args:
-        old_log_prob: [B, T] trainer logprobs (pi_train).
-        rollout_log_prob: [B, T] sampler logprobs (pi_rollout).
+        old_log_prob: [B, T] trainer log_probs (pi_train).
+        rollout_log_prob: [B, T] sampler log_probs (pi_rollout).
         response_mask: [B, T].
         rollout_is: None (no weights) or a level: "token", "sequence", "geometric".
         rollout_is_threshold / rollout_is_mode / rollout_is_batch_normalize: see

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jax.typing import ArrayLike
 
 from rljax.algos.aggregation import AggTerms, agg_loss_terms, finish_loss
-from rljax.algos.logprobs import token_log_probs
+from rljax.algos.log_probs import token_log_probs
 from rljax.algos.masked import as_float
 
 

@@ -1,9 +1,9 @@
-"""`rljax bench mismatch`: how far the sampler's logprobs are from the trainer's.
+"""`rljax bench mismatch`: how far the sampler's log_probs are from the trainer's.
 
 The sampler (`rljax.rollout.Sampler`: paged KV cache, chunked prefill, one-token decode
 steps) generates `--n` samples per random prompt at temperature 1 from a random model in
 `--dtype` (parameters and compute); the trainer's forward (`Decoder.hidden_states` on the
-whole prompt + response, `rljax.algos.logprobs.log_probs_from_hidden`, float32 softmax)
+whole prompt + response, `rljax.algos.log_probs.log_probs_from_hidden`, float32 softmax)
 then recomputes the log-probability of every generated token. Over the response tokens:
 
     max  |log p_rollout(y_t) - log p_train(y_t)|      mean |...|      p99 |...|
@@ -16,8 +16,8 @@ flash kernel adds to the mismatch. The `*_vs_fp32` columns compare each side wit
 same rounded weights run in float32 at full matmul precision, to tell which side drifts.
 
 Random weights (std `initializer_range` = 0.02) give small logits and near-uniform
-next-token distributions (`mean_logprob` close to -log(vocab)), where rounding moves
-logprobs less than in a trained model; `--init-std` makes them more peaked, `--path`
+next-token distributions (`mean_log_prob` close to -log(vocab)), where rounding moves
+log_probs less than in a trained model; `--init-std` makes them more peaked, `--path`
 measures real weights. The issue's targets (max <= 2e-2, mean <= 1e-3 in bf16) are about
 trained models.
 """
@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "Max / mean |rollout logprob - trainer logprob| over sampled tokens (bf16 by default)."
+HELP = "Max / mean |rollout log_prob - trainer log_prob| over sampled tokens (bf16 by default)."
 
 COLUMNS = ["model", "init_std", "dtype", "attention", "sampler_attention", "prompts", "n", "prompt_len", "new_tokens",
-           "tokens", "max_abs", "mean_abs", "p99_abs", "mean_logprob", "rollout_vs_fp32_max", "rollout_vs_fp32_mean",
+           "tokens", "max_abs", "mean_abs", "p99_abs", "mean_log_prob", "rollout_vs_fp32_max", "rollout_vs_fp32_mean",
            "trainer_vs_fp32_max", "trainer_vs_fp32_mean"]  # fmt: skip
 
 
@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def rollout_rows(completions, pad_id: int = 0):
     """Right-padded `[B, T]` ids, attention mask, response mask and the sampler's
-    logprobs aligned with the ids (logprob of ids[t] at t), from `Completion`s."""
+    log_probs aligned with the ids (log_prob of ids[t] at t), from `Completion`s."""
     import numpy as np
 
     length = max(len(c.prompt_token_ids) + len(c.token_ids) for c in completions)
@@ -64,14 +64,14 @@ def rollout_rows(completions, pad_id: int = 0):
     ids = np.full((b, length), pad_id, np.int32)
     mask = np.zeros((b, length), np.int32)
     response = np.zeros((b, length), np.float32)
-    logprobs = np.zeros((b, length), np.float32)
+    log_probs = np.zeros((b, length), np.float32)
     for i, c in enumerate(completions):
         p, r = len(c.prompt_token_ids), len(c.token_ids)
         ids[i, : p + r] = list(c.prompt_token_ids) + list(c.token_ids)
         mask[i, : p + r] = 1
         response[i, p : p + r] = 1
-        logprobs[i, p : p + r] = c.logprobs
-    return ids, mask, response, logprobs
+        log_probs[i, p : p + r] = c.log_probs
+    return ids, mask, response, log_probs
 
 
 def trainer_log_probs_fn(graphdef):
@@ -79,7 +79,7 @@ def trainer_log_probs_fn(graphdef):
     import jax
     from flax import nnx
 
-    from rljax.algos.logprobs import log_probs_from_hidden
+    from rljax.algos.log_probs import log_probs_from_hidden
 
     @jax.jit
     def log_probs(state, ids, mask):
@@ -136,7 +136,7 @@ def measure_dtype(args, config, dtype: str, kernels: list[str]) -> list[dict]:
             "sampler_attention": args.sampler_attention, "prompts": args.prompts, "n": args.n,
             "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "tokens": int(diff.size),
             "max_abs": float(diff.max()), "mean_abs": float(diff.mean()), "p99_abs": float(np.quantile(diff, 0.99)),
-            "mean_logprob": float(rollout[response > 0].mean()),
+            "mean_log_prob": float(rollout[response > 0].mean()),
             "rollout_vs_fp32_max": float(rollout_err.max()), "rollout_vs_fp32_mean": float(rollout_err.mean()),
             "trainer_vs_fp32_max": float(trainer_err.max()), "trainer_vs_fp32_mean": float(trainer_err.mean()),
         })

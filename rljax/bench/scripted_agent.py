@@ -126,8 +126,8 @@ def build_tiny_chat_tokenizer(style: str = "hermes", save_dir: str | Path | None
     return AutoTokenizer.from_pretrained(str(save_dir))
 
 
-def fake_logprob(token_id: int, position: int) -> float:
-    """A deterministic, token- and position-dependent negative 'logprob' for fake samplers."""
+def fake_log_prob(token_id: int, position: int) -> float:
+    """A deterministic, token- and position-dependent negative 'log_prob' for fake samplers."""
     return -0.01 - ((token_id * 31 + position * 7) % 997) / 1000.0
 
 
@@ -141,7 +141,7 @@ class ScriptedSampler:
     or a function ``(turn_index, request) -> token ids``. The turn index of a request is found
     by matching its token buffer against earlier requests + completions, so many episodes can
     share one sampler. Honors ``max_tokens`` (cut + ``finish_reason="length"``); otherwise
-    ``"stop"``. Logprobs come from `fake_logprob`. With ``latency_s`` each request sleeps that
+    ``"stop"``. Logprobs come from `fake_log_prob`. With ``latency_s`` each request sleeps that
     long first, as a batched engine would (requests overlap when issued concurrently).
     """
 
@@ -185,10 +185,10 @@ class ScriptedSampler:
             finish = "stop"
             if max_tokens is not None and len(tokens) > max_tokens:
                 tokens, finish = tokens[:max_tokens], "length"
-            logprobs = [fake_logprob(t, len(prompt) + i) for i, t in enumerate(tokens)]
+            log_probs = [fake_log_prob(t, len(prompt) + i) for i, t in enumerate(tokens)]
             key = tuple(prompt + tokens)
             self._known.setdefault(len(key), {})[key] = turn + 1
-            completion = TurnOutput(tokens, logprobs, finish)
+            completion = TurnOutput(tokens, log_probs, finish)
             self.completions.append(completion)
             return completion
         finally:

@@ -99,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
                 row["tok_s"] = metrics.get("perf/throughput", 0.0) * jax.device_count()
                 row["mfu"] = metrics.get("perf/mfu")
                 row["response_len"] = metrics.get("response_length/mean")
-                row["logprob_diff_max"] = metrics.get("training/rollout_probs_diff_max")
+                row["log_prob_diff_max"] = metrics.get("training/rollout_probs_diff_max")
                 row["sampler_programs"] = trainer.generation.num_compiled_programs  # grows: gen compiled
                 rows.append(row)
         finally:
@@ -108,6 +108,6 @@ def main(args: argparse.Namespace) -> int:
           f"prompts={args.prompts} n={args.n} response_length={args.response_length} dtype={args.dtype} "
           f"remat={args.remat} (step 0 includes compilation)")
     print_table(rows, ["iter", "rows", "attention", *TIMING_KEYS, "tokens", "tok_s", "mfu", "response_len",
-                       "logprob_diff_max", "sampler_programs"])
+                       "log_prob_diff_max", "sampler_programs"])
     write_json(args.out, "step", rows, {"args": {k: v for k, v in vars(args).items() if not k.startswith("_")}})
     return 0

@@ -29,7 +29,7 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="float32", help="parameter and compute dtype")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--attention", default="auto", choices=["auto", "reference", "pallas"])
-    p.add_argument("--show-tokens", action="store_true", help="also print token ids and logprobs")
+    p.add_argument("--show-tokens", action="store_true", help="also print token ids and log_probs")
 
 
 def _generation_eos(path: str) -> list[int]:
@@ -100,10 +100,10 @@ def main(args) -> int:
         completions = sampler.generate(prompts, params)
     for c in completions:
         header = f"--- prompt {c.request_index}" + (f" sample {c.sample_index}" if args.n > 1 else "")
-        mean_lp = sum(c.logprobs) / max(len(c.logprobs), 1)
-        print(f"{header} ({len(c.token_ids)} tokens, finish={c.finish_reason}, mean logprob={mean_lp:.3f})")
+        mean_lp = sum(c.log_probs) / max(len(c.log_probs), 1)
+        print(f"{header} ({len(c.token_ids)} tokens, finish={c.finish_reason}, mean log_prob={mean_lp:.3f})")
         print(tokenizer.decode(c.token_ids, skip_special_tokens=True))
         if args.show_tokens:
             print("token_ids:", c.token_ids)
-            print("logprobs:", [round(x, 4) for x in c.logprobs])
+            print("log_probs:", [round(x, 4) for x in c.log_probs])
     return 0

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rljax.algos.logprobs import log_probs_from_hidden
+from rljax.algos.log_probs import log_probs_from_hidden
 from rljax.models.attention import get_attention, segment_positions
 from rljax.models.config import DTypePolicy, ModelConfig, RopeConfig
 from rljax.parallel import constrain, gather_weight
@@ -255,7 +255,7 @@ class Decoder(nnx.Module):
                 logical_axes=("embed", "vocab"),
             )
 
-    # -- pieces the sampler and the chunked-logprob losses reuse --
+    # -- pieces the sampler and the chunked-log_prob losses reuse --
 
     def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
         """`[B, T]` ids -> `[B, T, E]` embeddings in the compute dtype."""
@@ -327,7 +327,7 @@ class Decoder(nnx.Module):
         The one way from a decoder to token log-probs: the SFT / DPO objectives, the RL
         trainer's old / reference forwards and validation perplexity all read them here.
         The logits are computed chunk by chunk over positions
-        (`rljax.algos.logprobs.log_probs_from_hidden`), never as one `[B, T, V]` array."""
+        (`rljax.algos.log_probs.log_probs_from_hidden`), never as one `[B, T, V]` array."""
         hidden = self.hidden_states(input_ids, attention_mask, positions, segment_ids)  # [B, T, E]
         return log_probs_from_hidden(hidden, self.unembedding(), input_ids, temperature=temperature,
                                      compute_entropy=entropy)

@@ -3,7 +3,7 @@ log-probs, the exact KL to the reference, the critic's values.
 
 Each is a function of (params, input_ids, attention_mask) arrays, jitted once per graph,
 so the trainer, validation perplexity and `rljax eval` share the compiled program. Every
-per-token result is `[B, T]` and aligned with `input_ids` (`rljax.algos.logprobs`).
+per-token result is `[B, T]` and aligned with `input_ids` (`rljax.algos.log_probs`).
 `BatchForwards` runs the ones a config needs on a step's batch.
 """
 

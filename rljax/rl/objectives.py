@@ -28,7 +28,7 @@ from flax import nnx
 
 from rljax.algos.aggregation import AggTerms, agg_denominator, agg_loss_terms
 from rljax.algos.kl import FULL_KL, kl_from_hidden, kl_penalty
-from rljax.algos.logprobs import log_probs_from_hidden
+from rljax.algos.log_probs import log_probs_from_hidden
 from rljax.algos.masked import masked_mean, safe_divide
 from rljax.algos.registry import get_policy_loss_fn, loss_denominator
 from rljax.algos.rollout_correction import compute_rollout_correction_and_rejection_mask

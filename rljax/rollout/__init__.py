@@ -1,7 +1,7 @@
 """Rollout: a native-JAX sampler with a paged KV cache and continuous batching.
 
 `Sampler(model, SamplerConfig(...))` takes token ids and returns `Completion`s (token
-ids, per-token logprobs, finish reason), synchronously (`generate`) or to many
+ids, per-token log_probs, finish reason), synchronously (`generate`) or to many
 concurrent asyncio callers (`generate_async`), and takes the trainer's parameters with
 `update_params`. Module map: params.py (requests / results), config.py, buckets.py
 (compiled sizes), pages.py (page allocator + tables, host), prefix_cache.py,

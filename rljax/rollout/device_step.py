@@ -3,7 +3,7 @@ programs, running the scheduler's `StepPlan`s.
 
 `run(plan)` packs the plan into typed, bucket-padded inputs (`rljax.rollout.step_inputs`),
 calls the compiled prefill or decode program with the pools donated, and returns each
-row's sampled tokens and logprobs. Nothing here is global: the parameters and the pools
+row's sampled tokens and log_probs. Nothing here is global: the parameters and the pools
 (and so the devices or sub-mesh they live on) are constructor inputs, so one device
 step per data-parallel replica is one more instance; `for_model` is the single-replica
 construction (the pools beside the model's parameters).
@@ -33,7 +33,7 @@ class StepResult:
     """What one call sampled, per plan row (padding rows dropped)."""
 
     tokens: np.ndarray  # [rows, steps] int32; prefill: steps = 1, decode: num_scheduler_steps
-    logprobs: np.ndarray  # [rows, steps] float32
+    log_probs: np.ndarray  # [rows, steps] float32
 
 
 class DeviceStep:
@@ -78,12 +78,12 @@ class DeviceStep:
         """Run one call; the pools are replaced by the updated ones."""
         inputs = PACKERS[plan.kind](plan.rows, self.buckets)
         self._label = inputs.label
-        self.pool.k, self.pool.v, tokens, logprobs = self.programs[plan.kind](
+        self.pool.k, self.pool.v, tokens, log_probs = self.programs[plan.kind](
             self.state, self.pool.k, self.pool.v, inputs
         )
-        tokens, logprobs = jax.device_get((tokens, logprobs))  # [B] (prefill) or [B, steps] (decode)
+        tokens, log_probs = jax.device_get((tokens, log_probs))  # [B] (prefill) or [B, steps] (decode)
         rows, padded = len(plan.rows), tokens.shape[0]
-        return StepResult(tokens.reshape(padded, -1)[:rows], logprobs.reshape(padded, -1)[:rows])
+        return StepResult(tokens.reshape(padded, -1)[:rows], log_probs.reshape(padded, -1)[:rows])
 
     def update_params(self, state: nnx.State, copy: bool = False) -> None:
         """Use new parameters (an nnx.State of the same Decoder) from the next call on.

@@ -50,7 +50,7 @@ def forward_and_sample(
 ):
     """Write `tokens`' `[B, T]` keys / values into their pages, run the decoder over them
     and sample one token per row from the logits at column `last_index` `[B]`. The pools
-    are `[L, P, S, K, D]`. Returns (k_cache, v_cache, tokens [B], logprobs [B])."""
+    are `[L, P, S, K, D]`. Returns (k_cache, v_cache, tokens [B], log_probs [B])."""
     config = model.config
     b = tokens.shape[0]
     # Where each token's key / value goes; padding goes to the null page 0.
@@ -76,7 +76,7 @@ def forward_and_sample(
     last = x[jnp.arange(b), last_index]  # [B, E]
     sample_positions = positions[jnp.arange(b), last_index] + 1  # [B] where the sampled token goes
     logits = model.logits(model.final_hidden(last)[:, None, :])[:, 0, :]  # [B, V] float32
-    next_tokens, logprobs = sample_tokens(  # [B] int32, [B] float32
+    next_tokens, log_probs = sample_tokens(  # [B] int32, [B] float32
         logits,
         sampling.temperature,
         sampling.top_k,
@@ -87,12 +87,12 @@ def forward_and_sample(
         sampling.sample_index,
         sample_positions,
     )
-    return k_cache, v_cache, next_tokens, logprobs
+    return k_cache, v_cache, next_tokens, log_probs
 
 
 def make_prefill_fn(graphdef: nnx.GraphDef, page_size: int, attention: Callable, on_trace: Callable[[], None]):
     """`prefill(state, k_cache, v_cache, inputs: PrefillInputs) -> (k_cache, v_cache,
-    tokens [B], logprobs [B])`. `on_trace` runs each time the function is traced (once
+    tokens [B], log_probs [B])`. `on_trace` runs each time the function is traced (once
     per compiled shape)."""
 
     def prefill(state: nnx.State, k_cache: jax.Array, v_cache: jax.Array, inputs: PrefillInputs):
@@ -110,7 +110,7 @@ def make_decode_fn(
     graphdef: nnx.GraphDef, page_size: int, attention: Callable, num_steps: int, on_trace: Callable[[], None]
 ):
     """`decode(state, k_cache, v_cache, inputs: DecodeInputs) -> (k_cache, v_cache,
-    tokens [B, num_steps], logprobs [B, num_steps])`: `num_steps` decode steps, each
+    tokens [B, num_steps], log_probs [B, num_steps])`: `num_steps` decode steps, each
     feeding its sampled token (at the next position) to the next."""
 
     def decode(state: nnx.State, k_cache: jax.Array, v_cache: jax.Array, inputs: DecodeInputs):
@@ -122,15 +122,15 @@ def make_decode_fn(
         def one(carry, i):
             kc, vc, token, position = carry  # token, position [B]
             valid = (i < n_steps)[:, None]  # [B, 1]
-            kc, vc, token, logprob = forward_and_sample(
+            kc, vc, token, log_prob = forward_and_sample(
                 model, kc, vc, token[:, None], position[:, None], valid, inputs.page_table, position + 1,
                 zeros, inputs.sampling, page_size=page_size, attention=attention,
             )
-            return (kc, vc, token, position + 1), (token, logprob)
+            return (kc, vc, token, position + 1), (token, log_prob)
 
         init = (k_cache, v_cache, inputs.tokens, inputs.positions)
-        # tokens / logprobs [num_steps, B]
-        (k_cache, v_cache, *_), (tokens, logprobs) = jax.lax.scan(one, init, jnp.arange(num_steps))
-        return k_cache, v_cache, tokens.T, logprobs.T
+        # tokens / log_probs [num_steps, B]
+        (k_cache, v_cache, *_), (tokens, log_probs) = jax.lax.scan(one, init, jnp.arange(num_steps))
+        return k_cache, v_cache, tokens.T, log_probs.T
 
     return decode

@@ -38,7 +38,7 @@ class SamplingParams:
 
     Logprobs: every completion carries, per generated token, log_softmax(logits /
     temperature)[token] computed on the full vocabulary BEFORE top-k / top-p / min-p
-    filtering, which is how the trainer computes the policy's logprob of that token at
+    filtering, which is how the trainer computes the policy's log_prob of that token at
     the same temperature. At temperature 0 (greedy) the unscaled log_softmax(logits) is
     reported.
     """
@@ -94,7 +94,7 @@ class Completion:
         `generate_async`.
     sample_index: which of the request's n samples this is (0 .. n-1).
     token_ids: the generated tokens (a stop token, when one ended the sample, included).
-    logprobs: per generated token, log_softmax(logits / temperature) of that token
+    log_probs: per generated token, log_softmax(logits / temperature) of that token
         before any top-k / top-p / min-p filtering (see `SamplingParams`).
     finish_reason: "stop" (a stop / EOS token) or "length" (max_tokens or max_model_len).
     """
@@ -103,5 +103,5 @@ class Completion:
     sample_index: int
     prompt_token_ids: list[int]
     token_ids: list[int]
-    logprobs: list[float]
+    log_probs: list[float]
     finish_reason: FinishReason

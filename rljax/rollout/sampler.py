@@ -1,4 +1,4 @@
-"""The public sampler: token ids in, token ids + logprobs out, sync and asyncio.
+"""The public sampler: token ids in, token ids + log_probs out, sync and asyncio.
 
 One engine loop runs in a background thread and batches every pending request
 together, whoever sent it: `Sampler.generate` (blocking, a list of prompts) and

@@ -16,7 +16,7 @@ noise; an agent episode's later turns (one request stream, longer prompts) sampl
 later positions, so they continue its stream instead of repeating it; and a token's
 noise depends on nothing the scheduler decides (batching, preemption, replica).
 
-The reported logprob of a sampled token is log_softmax(logits / temperature)[token] on
+The reported log_prob of a sampled token is log_softmax(logits / temperature)[token] on
 the full vocabulary, before top-k / top-p / min-p filtering (as the trainer computes
 it); greedy rows report log_softmax(logits)[token].
 """
@@ -71,7 +71,7 @@ def sample_tokens(
     positions: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
     """Sample one token per row of float32 `logits` `[B, V]`; returns (tokens `[B]`
-    int32, logprobs `[B]` float32). Sampling is Gumbel-max on the filtered,
+    int32, log_probs `[B]` float32). Sampling is Gumbel-max on the filtered,
     temperature-scaled logits, which draws from their softmax."""
     greedy = temperature <= 0.0
     t = jnp.where(greedy, 1.0, temperature)
@@ -90,5 +90,5 @@ def sample_tokens(
         return jnp.where(greedy, greedy_tokens, sampled)
 
     tokens = jax.lax.cond(greedy.all(), lambda: greedy_tokens, draw)
-    logprobs = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
-    return tokens, logprobs
+    log_probs = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    return tokens, log_probs

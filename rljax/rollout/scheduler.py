@@ -5,8 +5,8 @@ prefix cache. Its contract, one call at a time:
 
     request = scheduler.add_request(request_id, prompt, params)   # a handle
     plan = scheduler.schedule()          # a StepPlan, or None when nothing can run
-    # ... a device step runs the plan: per row, tokens / logprobs [rows, steps] ...
-    finished = scheduler.apply(plan, tokens, logprobs)   # requests whose n samples are done
+    # ... a device step runs the plan: per row, tokens / log_probs [rows, steps] ...
+    finished = scheduler.apply(plan, tokens, log_probs)   # requests whose n samples are done
 
 Scheduling (continuous batching):
 - Sequences wait in a FIFO queue and are admitted while the running set has fewer than
@@ -124,7 +124,7 @@ class _Sequence:
         self.prompt_len = len(request.prompt)
         self.num_computed = 0
         self.table = PageTable(allocator)
-        self.logprobs: list[float] = []
+        self.log_probs: list[float] = []
         self.is_prefix = is_prefix
         self.slots = slots
 
@@ -382,8 +382,8 @@ class Scheduler:
 
     # ---- taking a call's results ---------------------------------------------------------
 
-    def apply(self, plan: StepPlan, tokens: np.ndarray, logprobs: np.ndarray) -> list[Request]:
-        """Take the sampled `tokens` / `logprobs` `[rows, steps]` of the plan last
+    def apply(self, plan: StepPlan, tokens: np.ndarray, log_probs: np.ndarray) -> list[Request]:
+        """Take the sampled `tokens` / `log_probs` `[rows, steps]` of the plan last
         returned by `schedule` (prefill: column 0; decode: a row's first `num_steps`
         columns). Returns the requests whose last sample finished in this call."""
         if self._in_flight is None or self._in_flight[0] is not plan:
@@ -401,14 +401,14 @@ class Scheduler:
                 if seq.is_prefix:
                     self._fork(seq)
                 else:
-                    self._append(seq, int(tokens[i, 0]), float(logprobs[i, 0]))
+                    self._append(seq, int(tokens[i, 0]), float(log_probs[i, 0]))
         else:
             self.stats.num_decode_calls += 1
             self.stats.num_decode_steps += max(n for _, n in rows)
             for i, (seq, n) in enumerate(rows):
                 for j in range(n):
                     seq.num_computed += 1
-                    if self._append(seq, int(tokens[i, j]), float(logprobs[i, j])):
+                    if self._append(seq, int(tokens[i, j]), float(log_probs[i, j])):
                         break
         finished, self._finished = self._finished, []
         return finished
@@ -427,10 +427,10 @@ class Scheduler:
         at = self.running.index(prefix)
         self.running[at:at + 1] = children
 
-    def _append(self, seq: _Sequence, token: int, logprob: float) -> bool:
+    def _append(self, seq: _Sequence, token: int, log_prob: float) -> bool:
         """Add a sampled token; True when it finished the sequence."""
         seq.tokens.append(token)
-        seq.logprobs.append(logprob)
+        seq.log_probs.append(log_prob)
         self.stats.num_generated_tokens += 1
         req = seq.request
         if token in req.stop_ids:
@@ -450,7 +450,7 @@ class Scheduler:
             sample_index=seq.sample_index,
             prompt_token_ids=req.prompt,
             token_ids=seq.tokens[seq.prompt_len:],
-            logprobs=seq.logprobs,
+            log_probs=seq.log_probs,
             finish_reason=reason,  # type: ignore[arg-type]
         )
         req.remaining -= 1

@@ -25,7 +25,7 @@ GEN_PROMPT = "<|im_start|>assistant\n"
 
 
 def check_token_in_token_out(traj, sampler: ScriptedSampler) -> None:
-    """The buffer is sampled tokens (mask 1, their logprobs) and observations (mask 0, 0.0)."""
+    """The buffer is sampled tokens (mask 1, their log_probs) and observations (mask 0, 0.0)."""
     assert len(traj.response_ids) == len(traj.response_mask) == len(traj.rollout_log_probs)
     pos = 0
     for seg in traj.segments:  # contiguous cover of the response
@@ -37,7 +37,7 @@ def check_token_in_token_out(traj, sampler: ScriptedSampler) -> None:
     for seg, comp, req in zip(sampled, sampler.completions, sampler.requests):
         assert traj.response_ids[seg.start:seg.end] == comp.token_ids
         assert traj.response_mask[seg.start:seg.end] == [1] * len(comp.token_ids)
-        assert traj.rollout_log_probs[seg.start:seg.end] == comp.logprobs
+        assert traj.rollout_log_probs[seg.start:seg.end] == comp.log_probs
         # the sampler was asked to continue exactly the buffer so far
         assert list(req.prompt_token_ids) == traj.prompt_ids + traj.response_ids[:seg.start]
     for seg in traj.segments:
@@ -297,19 +297,19 @@ def test_sampler_protocol_violations_raise(hermes_tok):
         async def generate_async(self, request):
             c = await super().generate_async(request)
             c.token_ids = c.token_ids + c.token_ids
-            c.logprobs = c.logprobs + c.logprobs
+            c.log_probs = c.log_probs + c.log_probs
             return c
 
     class BadLogprobs(ScriptedSampler):
         async def generate_async(self, request):
             c = await super().generate_async(request)
-            c.logprobs = c.logprobs[:-1]
+            c.log_probs = c.log_probs[:-1]
             return c
 
     ep = [Episode(messages=[{"role": "user", "content": "hi"}])]
     with pytest.raises(ValueError, match="max_tokens"):
         run(run_episodes(TooLong([enc(tok, "a")]), ep, tok, AgentConfig(max_tokens_per_turn=1)))
-    with pytest.raises(ValueError, match="logprobs"):
+    with pytest.raises(ValueError, match="log_probs"):
         run(run_episodes(BadLogprobs([enc(tok, "abc")]), ep, tok))
 
 
@@ -333,7 +333,7 @@ def test_pack_trajectories_follows_data_contract(hermes_tok):
         assert batch["attention_mask"][b].tolist() == [1] * n + [0] * (T - n)
         assert batch["positions"][b, :n].tolist() == list(range(n))
         assert batch["response_mask"][b].tolist() == [0] * p + t.response_mask + [0] * (T - n)
-        # entry t is the logprob of input_ids[t]
+        # entry t is the log_prob of input_ids[t]
         for seg in t.segments:
             if seg.kind == SAMPLED:
                 np.testing.assert_allclose(batch["rollout_log_probs"][b, p + seg.start:p + seg.end],
@@ -377,7 +377,7 @@ def test_rollout_sampler_adapter(hermes_tok):
             ids = [5, 6, 7][: request.sampling_params.max_tokens]
             return [params_mod.Completion(request_index=0, sample_index=0,
                                           prompt_token_ids=list(request.prompt_token_ids),
-                                          token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="length")]
+                                          token_ids=ids, log_probs=[-0.5] * len(ids), finish_reason="length")]
 
     fake = FakeRolloutSampler()
     cfg = AgentConfig(max_response_tokens=2)

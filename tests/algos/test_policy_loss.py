@@ -46,7 +46,7 @@ def G(fn, *arrays, argnum=1, **static):
 
 
 # ---------------------------------------------------------------- vanilla PPO
-# old logprob 0, so ratio r = exp(log_prob). Per token (A: advantage):
+# old log_prob 0, so ratio r = exp(log_prob). Per token (A: advantage):
 #  t0 r=1.5 A=+1: max(-1.5, -1.28) = -1.28              (upper clip: clipfrac)
 #  t1 r=0.5 A=+1: max(-0.5, -0.8)  = -0.5
 #  t2 r=0.5 A=-1: max(0.5, 0.8)    = 0.8; min(3, 0.8)   (lower clip: clipfrac)

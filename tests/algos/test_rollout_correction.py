@@ -122,7 +122,7 @@ def test_offpolicy_metrics_hand_computed():
     m = J(compute_offpolicy_metrics, rollout + LOG_RATIO, rollout, MASK)
     _close(m["chi2_token"], (9 + 0.36 + 1 + 1.44 + 0.0625) / 5 - 1)  # E[rho^2] - 1
     _close(m["chi2_seq"], (1.8**2 + 0.3**2) / 2 - 1)  # E[(prod rho)^2] - 1
-    _close(m["rollout_ppl"], math.e)  # every rollout logprob is -1
+    _close(m["rollout_ppl"], math.e)  # every rollout log_prob is -1
     # k3 = rho - log rho - 1 per token
     k3 = [r - math.log(r) - 1 for r in (3.0, 0.6, 1.0, 1.2, 0.25)]
     _close(m["k3_kl"], sum(k3) / 5)

@@ -218,7 +218,7 @@ def check_sample(tok, sample, log, mask_row=None, logp_row=None):
                    if resp[pos:pos + len(c.token_ids)] == c.token_ids][:1]
         k = len(comp.token_ids)
         assert resp[pos:pos + k] == comp.token_ids and mask[pos:pos + k] == [1] * k
-        assert sample.response_log_probs[pos:pos + k] == pytest.approx(comp.logprobs)
+        assert sample.response_log_probs[pos:pos + k] == pytest.approx(comp.log_probs)
         pos, turns = pos + k, turns + 1
         if pos == len(resp):
             break
@@ -366,7 +366,7 @@ def test_one_agent_rl_step_on_tiny_model(tmp_path, tok):
         trainer = RLTrainer(cfg)
     finally:
         os.chdir(cwd)
-    trainer.sampler = FirstTurnScripted(trainer.sampler, tok)
+    trainer.generation.sampler = FirstTurnScripted(trainer.generation.sampler, tok)
     captured = capture_batches(trainer)
     before = jax.device_get(trainer.actor.state.params)
     try:

@@ -70,9 +70,9 @@ def test_three_turn_episode_never_reuses_a_key(tiny):
     scheduler = sampler.engine.scheduler
     append = scheduler._append
 
-    def spy(seq, token, logprob):
+    def spy(seq, token, log_prob):
         used.append((seq.request.seed, seq.request.params.stream, max(seq.sample_index, 0), len(seq.tokens)))
-        return append(seq, token, logprob)
+        return append(seq, token, log_prob)
 
     scheduler._append = spy
     try:

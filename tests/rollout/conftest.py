@@ -72,7 +72,7 @@ class _LazyModels(dict):
 _FORWARDS: dict = {}  # graphdef -> jitted full forward
 
 
-def training_logprobs(model, completions, temperature: float = 1.0) -> list[np.ndarray]:
+def training_log_probs(model, completions, temperature: float = 1.0) -> list[np.ndarray]:
     """Per completion, log_softmax(model(ids) / temperature) of its tokens from the
     training forward: one padded [4, 32] call per 4 completions (one compiled shape)."""
     import jax

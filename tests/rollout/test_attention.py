@@ -94,4 +94,4 @@ def test_engine_with_pallas_decode_matches_reference_engine(llama, roomy_sampler
         got = pallas.generate(prompts, params)
     want = roomy_sampler.generate(prompts, params)
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
-    np.testing.assert_allclose([c.logprobs for c in got], [c.logprobs for c in want], atol=1e-5)
+    np.testing.assert_allclose([c.log_probs for c in got], [c.log_probs for c in want], atol=1e-5)

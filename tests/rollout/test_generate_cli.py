@@ -33,4 +33,4 @@ def test_generate_command(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert out.count("--- prompt 0 sample") == 2
-    assert "finish=" in out and "token_ids:" in out and "logprobs:" in out
+    assert "finish=" in out and "token_ids:" in out and "log_probs:" in out

@@ -112,7 +112,7 @@ def test_a_sampler_on_a_replica_samples_the_single_device_tokens(llama, roomy_sa
     want = roomy_sampler.generate(prompts, params)
     with Sampler(nnx.merge(graphdef, replica), roomy_sampler.config) as sampler:
         got = sampler.generate(prompts, params)
-        assert set(sampler.engine.k_cache.sharding.device_set) == set(layout.replicas[3].devices.flat)
-        assert sampler.engine.k_cache.sharding.spec[3] == "tensor"
+        assert set(sampler.engine.device.pool.k.sharding.device_set) == set(layout.replicas[3].devices.flat)
+        assert sampler.engine.device.pool.k.sharding.spec[3] == "tensor"
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
-    np.testing.assert_allclose([c.logprobs for c in got], [c.logprobs for c in want], atol=1e-5)
+    np.testing.assert_allclose([c.log_probs for c in got], [c.log_probs for c in want], atol=1e-5)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from rljax.rollout import OutOfPagesError, PageAllocator, PageTable, Sampler, SamplingParams
 from rljax.rollout.prefix_cache import PrefixCache
 
-from .conftest import random_prompts, sampler_config, training_logprobs
+from .conftest import random_prompts, sampler_config, training_log_probs
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -33,8 +33,8 @@ def test_the_next_turn_reuses_the_conversations_pages(llama):
         # turn 1 computed 6 + 8 - 1 = 13 tokens: its 3 full pages of 4 are reused
         assert cached.stats()["num_cached_prompt_tokens"] == 12
         assert ours.token_ids == theirs.token_ids
-        np.testing.assert_allclose(ours.logprobs, theirs.logprobs, atol=1e-5)
-        np.testing.assert_allclose(ours.logprobs, training_logprobs(llama, [ours])[0], atol=1e-5)
+        np.testing.assert_allclose(ours.log_probs, theirs.log_probs, atol=1e-5)
+        np.testing.assert_allclose(ours.log_probs, training_log_probs(llama, [ours])[0], atol=1e-5)
         assert cached.stats()["pages_used"] == 0  # cached pages are not "in use"
     finally:
         cached.close()

@@ -41,14 +41,14 @@ def test_filters():
     assert got == [{0, 1}, {0, 1}, {0, 1, 2}, {0, 1}, {0, 1}, {0, 1, 2, 3}, {0}, {0, 1, 2}]
 
 
-def test_greedy_and_logprobs_before_filtering():
+def test_greedy_and_log_probs_before_filtering():
     logits = jax.random.normal(jax.random.key(0), (B, V)) * 3
-    tokens, logprobs = sample(logits, **row_args(temperature=0.0))
+    tokens, log_probs = sample(logits, **row_args(temperature=0.0))
     np.testing.assert_array_equal(tokens, jnp.argmax(logits, -1))
-    np.testing.assert_allclose(logprobs, jnp.max(jax.nn.log_softmax(logits, -1), -1), atol=1e-6)
-    tokens, logprobs = sample(logits, **row_args(temperature=0.5, top_k=3))
+    np.testing.assert_allclose(log_probs, jnp.max(jax.nn.log_softmax(logits, -1), -1), atol=1e-6)
+    tokens, log_probs = sample(logits, **row_args(temperature=0.5, top_k=3))
     full = jax.nn.log_softmax(logits / 0.5, -1)  # over the whole vocabulary, not the top 3
-    np.testing.assert_allclose(logprobs, full[jnp.arange(B), tokens], atol=1e-6)
+    np.testing.assert_allclose(log_probs, full[jnp.arange(B), tokens], atol=1e-6)
     top3 = np.argsort(-np.asarray(logits), -1)[:, :3]
     assert all(int(t) in top3[i] for i, t in enumerate(tokens))
 

@@ -31,7 +31,7 @@ def params(**kw) -> SamplingParams:
 
 
 def run(s: Scheduler, plan: StepPlan):
-    """The fake device: every sampled token is TOKEN, with logprob -0.5."""
+    """The fake device: every sampled token is TOKEN, with log_prob -0.5."""
     shape = (len(plan.rows), max(r.num_steps for r in plan.rows))
     return s.apply(plan, np.full(shape, TOKEN, np.int32), np.full(shape, -0.5, np.float32))
 

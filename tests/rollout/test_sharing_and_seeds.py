@@ -31,7 +31,7 @@ def test_shared_prefix_equals_independent_samples(roomy_sampler):
     engine.set_prefix_caching(True)
     assert [(c.request_index, c.sample_index) for c in outs[True]] == [(r, s) for r in range(2) for s in range(4)]
     assert tokens(outs[True]) == tokens(outs[False])
-    np.testing.assert_allclose([c.logprobs for c in outs[True]], [c.logprobs for c in outs[False]], atol=1e-5)
+    np.testing.assert_allclose([c.log_probs for c in outs[True]], [c.log_probs for c in outs[False]], atol=1e-5)
     assert len({tuple(t) for t in tokens(outs[True])}) > 2  # the samples do differ
     # Sharing: 4 + 3 prompt pages once, each sample only its own 2 pages.
     assert peaks[True] < peaks[False], peaks
@@ -75,7 +75,7 @@ def test_preempted_sampled_sequences_continue_identically(llama, roomy_sampler):
         out = tight.generate(prompts, params)
         assert tight.stats()["num_preemptions"] > 0
     assert tokens(out) == tokens(reference)
-    np.testing.assert_allclose([c.logprobs for c in out], [c.logprobs for c in reference], atol=1e-5)
+    np.testing.assert_allclose([c.log_probs for c in out], [c.log_probs for c in reference], atol=1e-5)
 
 
 def test_stop_tokens_eos_and_lengths(roomy_sampler):
@@ -87,7 +87,7 @@ def test_stop_tokens_eos_and_lengths(roomy_sampler):
     stopped = roomy_sampler.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[stop]))
     assert stopped[0].finish_reason == "stop"
     assert stopped[0].token_ids == free.token_ids[:cut]
-    assert stopped[0].logprobs == pytest.approx(free.logprobs[:cut], abs=1e-6)
+    assert stopped[0].log_probs == pytest.approx(free.log_probs[:cut], abs=1e-6)
 
     scheduler = roomy_sampler.engine.scheduler
     scheduler.eos_ids = frozenset({stop})  # as if the model config named it EOS

@@ -10,7 +10,7 @@ from flax import nnx
 
 from rljax.rollout import SamplingParams
 
-from .conftest import random_prompts, training_logprobs
+from .conftest import random_prompts, training_log_probs
 
 
 def leaves(state):
@@ -36,8 +36,8 @@ def test_update_params_swaps_weights_without_recompiling(llama, roomy_sampler):
     assert all(same_buffers(roomy_sampler.engine.state, state))
     after = roomy_sampler.generate(prompts, greedy)
     assert [c.token_ids for c in after] != [c.token_ids for c in before]
-    for c, ref in zip(after, training_logprobs(other, after)):  # the new weights are the ones used
-        np.testing.assert_allclose(c.logprobs, ref, atol=1e-5)
+    for c, ref in zip(after, training_log_probs(other, after)):  # the new weights are the ones used
+        np.testing.assert_allclose(c.log_probs, ref, atol=1e-5)
 
     # A state on another device, in bfloat16: moved and cast on device.
     moved = jax.tree.map(lambda a: jax.device_put(a.astype(jnp.bfloat16), jax.devices()[1]), nnx.state(llama))
@@ -73,4 +73,4 @@ def test_sampler_over_a_mesh_matches_single_device(llama, roomy_sampler):
         assert sampler.engine.device.pool.k.sharding.spec[3] == "tensor"
         assert sampler.num_compiled_programs == 2
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
-    np.testing.assert_allclose([c.logprobs for c in got], [c.logprobs for c in want], atol=1e-5)
+    np.testing.assert_allclose([c.log_probs for c in got], [c.log_probs for c in want], atol=1e-5)

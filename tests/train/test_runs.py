@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from rljax.algos.logprobs import log_probs_from_hidden, token_log_probs
+from rljax.algos.log_probs import log_probs_from_hidden, token_log_probs
 from rljax.checkpoint import abstract_like
 from rljax.config import ConfigError, load_config
 from rljax.models import ModelConfig, init_model

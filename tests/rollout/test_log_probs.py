@@ -1,4 +1,4 @@
-"""Rollout logprobs equal the training forward's logprobs of the same tokens:
+"""Rollout log_probs equal the training forward's log_probs of the same tokens:
 log_softmax(model(ids) / temperature), before any top-k / top-p / min-p filtering."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 from rljax.rollout import SamplingParams
 
-from .conftest import random_prompts, training_logprobs
+from .conftest import random_prompts, training_log_probs
 
 PARAMS = {
     "t1": SamplingParams(temperature=1.0, max_tokens=10, seed=1),
@@ -17,14 +17,14 @@ PARAMS = {
 
 
 @pytest.mark.parametrize("name", list(PARAMS))
-def test_logprobs_equal_training_forward(llama, roomy_sampler, name):
+def test_log_probs_equal_training_forward(llama, roomy_sampler, name):
     params = PARAMS[name]
     prompts = random_prompts([5, 11, 16, 2], seed=7)
     out = roomy_sampler.generate(prompts, params)
-    refs = training_logprobs(llama, out, params.temperature or 1.0)
+    refs = training_log_probs(llama, out, params.temperature or 1.0)
     worst = 0.0
     for c, ref in zip(out, refs):
-        assert len(c.logprobs) == len(c.token_ids)
-        worst = max(worst, float(np.abs(ref - np.asarray(c.logprobs)).max()))
-    print(f"{name}: max |rollout - training| logprob = {worst:.2e}")
+        assert len(c.log_probs) == len(c.token_ids)
+        worst = max(worst, float(np.abs(ref - np.asarray(c.log_probs)).max()))
+    print(f"{name}: max |rollout - training| log_prob = {worst:.2e}")
     assert worst <= 1e-5, worst

@@ -1,4 +1,4 @@
-"""`rljax bench logprobs`: memory of token log-probs from hidden states, chunked vs unchunked.
+"""`rljax bench log_probs`: memory of token log-probs from hidden states, chunked vs unchunked.
 
 For each dtype pair hidden/unembed (bf16/bf16; bf16 hidden with an fp32 master unembed;
 fp32/fp32), pass (forward; forward + backward w.r.t. hidden and unembed) and
@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="bfloat16/bfloat16,bfloat16/float32,float32/float32",
         help="comma-separated HIDDEN/UNEMBED dtype pairs (bf16 hidden with fp32 master unembed is the mixed case)",
     )
-    parser.add_argument("--output", default="bench_results/logprobs.json", help="JSON output path")
+    parser.add_argument("--output", default="bench_results/log_probs.json", help="JSON output path")
 
 
 def _mib(n: int) -> float:
@@ -63,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
     import jax
     import jax.numpy as jnp
 
-    from rljax.algos.logprobs import DEFAULT_CHUNK_SIZE, log_probs_from_hidden
+    from rljax.algos.log_probs import DEFAULT_CHUNK_SIZE, log_probs_from_hidden
     from rljax.bench.report import print_table, write_json
 
     chunk_size = args.chunk_size or DEFAULT_CHUNK_SIZE
@@ -103,5 +103,5 @@ def main(args: argparse.Namespace) -> int:
             )
 
     print_table(rows, COLUMNS)
-    write_json(args.output, "logprobs", rows, {"shape": shape, "chunk_size": chunk_size})
+    write_json(args.output, "log_probs", rows, {"shape": shape, "chunk_size": chunk_size})
     return 0
