@@ -1,8 +1,12 @@
-"""GRPO on 2 processes x 4 CPU devices (jax.distributed over gloo) equals GRPO on 1 process
-x 8 devices: the same config with 4 rollout replicas of 2 devices (2 per process, none
+"""RL on 2 processes x 4 CPU devices (jax.distributed over gloo) equals RL on 1 process x 8
+devices: the same config with 4 rollout replicas of 2 devices (2 per process, none
 spanning processes), fsdp training over all 8 devices. Every process reads the whole
 prompt batch, runs its replicas' rounds, and gathers the rest; the sampled tokens (seen
-through the rewards and lengths), losses and the final checkpoint must agree."""
+through the rewards and lengths), losses and the final checkpoint must agree.
+
+Two runs: GRPO; and PPO with a critic, validation, and prompts whose lengths differ
+sharply between the two processes' replicas (short on the first, long on the second), so
+their schedulers run different step counts and shapes and must still not deadlock."""
 
 import json
 import os
@@ -12,6 +16,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 import yaml
 
 from rljax.checkpoint import Checkpointer, abstract_like
@@ -35,6 +40,24 @@ COMPARED = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor
             "train/grad_norm", "train/loss")
 
 
+def ragged_rows(path, count: int) -> str:
+    """RL rows whose prompts are short in the first half of every batch of 8 and long in
+    the second (the replicas of process 1 get the long ones)."""
+    rows = []
+    for i in range(count):
+        a, b = i % 7, (i // 7) % 3
+        question = f"{a}+{b}=" if i % 8 < 4 else f"{a}+{b}= think, then answer:"
+        rows.append({"data_source": "ragged", "prompt": [{"role": "user", "content": question}],
+                     "reward_model": {"ground_truth": str(a + b)}, "extra_info": {"answer": str(a + b)}})
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return str(path)
+
+
+PPO = ["algorithm.adv_estimator=gae", "data.max_prompt_length=64", "critic.ppo_mini_batch_size=4", "critic.optim.lr=1e-2",
+       "trainer.test_freq=0", "rollout.val_kwargs.n=2", "rollout.val_kwargs.temperature=1.0"]
+
+
 def write_config(tmp_path) -> tuple[str, list[str]]:
     (tmp_path / "reward.py").write_text(DIGIT_REWARD)
     path = tmp_path / "grpo.yaml"
@@ -55,8 +78,12 @@ def metrics(run_dir):
         return [json.loads(line) for line in f]
 
 
-def test_two_processes_run_grpo_like_one(tmp_path):
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_two_processes_run_rl_like_one(tmp_path, algorithm):
     config, overrides = write_config(tmp_path)
+    if algorithm == "ppo":
+        overrides = [*overrides, *PPO, f"data.train_files=[{ragged_rows(tmp_path / 'train.jsonl', 64)}]",
+                     f"data.val_files=[{ragged_rows(tmp_path / 'val.jsonl', 8)}]"]
     two = tmp_path / "two"
     cfg2 = load_config(RLConfig, config, [*overrides, f"trainer.default_local_dir={two}"])
     run2 = str(two / cfg2.trainer.experiment_name)
@@ -80,19 +107,35 @@ def test_two_processes_run_grpo_like_one(tmp_path):
     assert proc.returncode == 0, out[-5000:]
     run1 = str(one / cfg1.trainer.experiment_name)
     m1, m2 = metrics(run1), metrics(run2)
-    assert [m["step"] for m in m2] == [m["step"] for m in m1] == [1, 2]
+    steps = [0, 1, 2] if algorithm == "ppo" else [1, 2]  # validation before training logs step 0
+    assert [m["step"] for m in m2] == [m["step"] for m in m1] == steps
+    compared = COMPARED + (("critic/values/mean", "critic/vf_loss", "val-core/ragged/reward/mean@2",
+                            "val-aux/ragged/reference/nll") if algorithm == "ppo" else ())
+    seen = set()
     for a, b in zip(m1, m2):
-        for key in COMPARED:
+        assert set(a) == set(b)
+        for key in compared:
+            if key not in a:
+                continue
+            seen.add(key)
             np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=f"step {a['step']} {key}")
+    assert seen == set(compared)
     # the checkpoint both processes wrote equals the one-process one
     with jax.set_mesh(jax.make_mesh((1, 8, 1), ("data", "fsdp", "tensor"),
                                     axis_types=(jax.sharding.AxisType.Auto,) * 3)):
         trainer = RLTrainer(cfg1)  # resumes run 1's last checkpoint: the target layout
         try:
             abstract = {"actor": abstract_like(trainer.actor.state)}
+            if trainer.critic is not None:
+                abstract["critic"] = abstract_like(trainer.critic.state)
             ref = [np.asarray(x) for x in jax.tree.leaves(trainer.actor.state.params)]
+            if trainer.critic is not None:
+                ref += [np.asarray(x) for x in jax.tree.leaves(trainer.critic.state.params)]
         finally:
             trainer.close()
     state, _, _ = Checkpointer(os.path.join(run2, "checkpoints"), async_save=False).restore(2, abstract)
-    for a, b in zip(jax.tree.leaves(state["actor"].params), ref):
+    restored = jax.tree.leaves(state["actor"].params) + (
+        jax.tree.leaves(state["critic"].params) if "critic" in state else [])
+    assert len(restored) == len(ref)
+    for a, b in zip(restored, ref):
         np.testing.assert_allclose(np.asarray(a), b, atol=1e-5)
