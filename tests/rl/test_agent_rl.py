@@ -380,7 +380,7 @@ def test_one_agent_rl_step_on_tiny_model(tmp_path, tok):
         p, r = len(s.prompt_ids), len(s.response_ids)
         assert list(batch["input_ids"][b, :p + r]) == s.prompt_ids + s.response_ids
         assert batch["attention_mask"][b].sum() == p + r
-        assert check_sample(tok, s, trainer.sampler.log, batch["response_mask"][b], batch["rollout_log_probs"][b]) >= 2
+        assert check_sample(tok, s, trainer.generation.sampler.log, batch["response_mask"][b], batch["rollout_log_probs"][b]) >= 2
         obs = (batch["response_mask"][b] == 0) & (batch["attention_mask"][b] == 1)
         obs[:p] = False
         assert obs.sum() > 10 and not batch["advantages"][b][obs].any()  # observations carry no loss

@@ -319,7 +319,7 @@ def test_grpo_step_rewards_are_reward_model_scores(tmp_path, rm_dirs, tok):
                       "actor.ppo_mini_batch_size=2", "actor.optim.lr=1e-2", "reward.reward_model.enable=true",
                       f"reward.reward_model.path={rm_path}", "reward.reward_model.batch_size=8")
     trainer = RLTrainer(cfg)
-    assert trainer.model_rewards.rm_reuses_ids  # the RM folder's tokenizer is the policy's
+    assert trainer.generation.model_rewards.rm_reuses_ids  # the RM folder's tokenizer is the policy's
     captured = capture_batches(trainer)
     try:
         metrics = trainer.step()
@@ -330,9 +330,9 @@ def test_grpo_step_rewards_are_reward_model_scores(tmp_path, rm_dirs, tok):
                                      max_tokens=4, max_model_len=96, max_num_seqs=8, num_pages=32,
                                      combine="add", weight=2.0)))
         policy = nnx.merge(trainer.actor.graphdef, trainer.actor.state.params)
-        trainer.model_rewards.close()
-        trainer.model_rewards = build_model_rewards(judge_cfg, trainer.tokenizer, policy,
-                                                    lambda: trainer.actor.state.params, trainer.mesh)
+        trainer.generation.model_rewards.close()
+        trainer.generation.model_rewards = build_model_rewards(judge_cfg, trainer.tokenizer, policy,
+                                                               lambda: trainer.actor.state.params, trainer.mesh)
         judged = trainer.generate_round(next(trainer.train_data), sampling_params(cfg, step=1), 0)
     finally:
         trainer.close()

@@ -63,13 +63,13 @@ def test_sampler_never_receives_non_finite_weights(tmp_path):
     cfg = make_config(tmp_path, *SMALL, "trainer.total_steps=3", "actor.optim.lr=1e39")
     trainer = RLTrainer(cfg)
     received = []
-    update = trainer.sampler.update_params
+    update = trainer.generation.sampler.update_params
 
     def spy(params):
         received.append(all(bool(np.isfinite(np.asarray(x)).all()) for x in jax.tree.leaves(jax.device_get(params))))
         return update(params)
 
-    trainer.sampler.update_params = spy
+    trainer.generation.sampler.update_params = spy
     with pytest.raises(RuntimeError) as info:
         trainer.fit()
     message = str(info.value)
