@@ -23,7 +23,7 @@ def _replica_config(cfg, replicas: int, tp: int = 1):
 
 
 def test_one_two_four_eight_replicas_sample_the_same_tokens(tmp_path):
-    cfg = make_config(tmp_path, "rollout.temperature=1.0", "rollout.num_pages=64")
+    cfg = make_config(tmp_path, "rollout.temperature=1.0", "rollout.num_pages=64", "rollout.n=2")
     mesh = make_mesh(cfg.mesh)
     tokenizer = load_tokenizer(cfg.model)
     decoder = build_decoder(cfg.model, tokenizer, mesh=mesh)
@@ -45,6 +45,7 @@ def test_one_two_four_eight_replicas_sample_the_same_tokens(tmp_path):
     assert len(reference.samples) == cfg.data.batch_size * cfg.rollout.n
     assert [s.group_id for s in reference.samples] == [5 + i // cfg.rollout.n for i in range(len(reference.samples))]
     assert len({tuple(s.response_ids) for s in reference.samples}) > len(reference.samples) // 2  # really sampled
+    assert len({tuple(s.response_ids) for s in reference.samples[:2]}) == 2  # a prompt's two samples differ
     for replicas, rollout in results.items():
         assert [s.group_id for s in rollout.samples] == [s.group_id for s in reference.samples]
         assert [s.response_ids for s in rollout.samples] == [s.response_ids for s in reference.samples], replicas
