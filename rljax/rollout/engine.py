@@ -22,26 +22,18 @@ from rljax.rollout.device_step import DeviceStep
 from rljax.rollout.kv_cache import CacheShape
 from rljax.rollout.params import Completion, SamplingParams
 from rljax.rollout.prefix_cache import PrefixCache
-from rljax.rollout.scheduler import Request, Scheduler
+from rljax.rollout.scheduler import Request, Scheduler, SchedulerStats
 
 DoneCallback = Callable[[list[Completion]], None]
 
 
 @dataclass
-class EngineStats:
-    """Counters since the engine was built (`peak_pages_used` since the last reset)."""
+class EngineStats(SchedulerStats):
+    """The scheduler's counters (`SchedulerStats`) plus what the device side and the pool
+    add: cached and total pages, compiled programs and their shapes."""
 
-    num_prefill_steps: int = 0
-    num_decode_calls: int = 0
-    num_decode_steps: int = 0
-    num_prefill_tokens: int = 0
-    num_generated_tokens: int = 0
-    num_preemptions: int = 0
-    num_finished_requests: int = 0
-    num_cached_prompt_tokens: int = 0  # tokens a new sequence found in the prefix cache
     num_cached_pages: int = 0  # pages the prefix cache holds now
     num_compiled_programs: int = 0  # jit cache entries of the step functions
-    peak_pages_used: int = 0  # includes pages the prefix cache keeps
     num_pages: int = 0
     page_size: int = 0
     compiled_shapes: list[str] = field(default_factory=list)  # each traced [rows x tokens, W=width]
