@@ -20,6 +20,7 @@ import jax
 from rljax.rewards.manager import RewardManager
 from rljax.rl.agent_rollout import agent_generate_and_score
 from rljax.rl.config import RLConfig
+from rljax.rl.main_thread import OnMainThread
 from rljax.rl.model_rewards import build_model_rewards
 from rljax.rl.replicated import ReplicatedRollout
 from rljax.rl.scoring import ScoredRollout, generate_and_score
@@ -104,7 +105,8 @@ class Generation:
             self.sampler = make_sampler(cfg, decoder)
 
     def _round_on(self, sampler: Sampler, prompts: dict, params: SamplingParams, offset: int) -> ScoredRollout:
-        return make_round_fn(sampler, self.rewards, self.tokenizer, self.cfg, self.agent, self.model_rewards)(
+        rewards = self.rewards if self.replicas is None else OnMainThread(self.rewards, self.replicas.main_thread)
+        return make_round_fn(sampler, rewards, self.tokenizer, self.cfg, self.agent, self.model_rewards)(
             prompts, params, offset)
 
     def round(self, prompts: dict, params: SamplingParams, offset: int = 0) -> ScoredRollout:

@@ -24,6 +24,7 @@ import jax
 from flax import nnx
 
 from rljax.hostsync import allgather_objects
+from rljax.rl.main_thread import MainThreadCalls
 from rljax.rl.scoring import ScoredRollout
 from rljax.rollout.assign import Assignment, Group, assign_groups
 from rljax.rollout.handoff import HandOffReport, timed_hand_off
@@ -79,6 +80,7 @@ class ReplicatedRollout:
             with jax.set_mesh(layout.replicas[r]):  # a replica's programs live on its devices, not the run's mesh
                 self.samplers[r] = make_sampler(nnx.merge(self.graphdef, state))
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, len(self.local)), thread_name_prefix="rljax-replica")
+        self.main_thread = MainThreadCalls()  # what a round must run on the calling thread (inline rewards)
 
     def update_params(self, params: nnx.State) -> HandOffReport:
         """Hand the policy's parameters (training layout) to every replica, in device
@@ -103,6 +105,7 @@ class ReplicatedRollout:
         futures = {r: self._pool.submit(round_fn, self.samplers[r], select(prompts, shares[r]), params,
                                         offset + shares[r][0])
                    for r in self.local if shares[r]}
+        self.main_thread.serve(futures.values())
         local: dict[int, ScoredRollout | str] = {}
         for r, future in futures.items():
             try:
