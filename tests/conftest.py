@@ -15,7 +15,8 @@ devices of the call's compile options; the CPU client binds the same way (checke
 cached for devices (0, 1) runs on (5, 3) with its shards there and the same values), so the
 tests leave it out on CPU as well. And the test process compiles one program at a time:
 rollout replicas run in threads and would otherwise all compile the same program at once,
-each missing the cache. Both are for the test process only; subprocesses keep jax's ways.
+each missing the cache. Subprocesses keep jax's ways unless a test opts them in (the
+multi-process RL tests do, through a sitecustomize hook).
 """
 import os
 import shutil
