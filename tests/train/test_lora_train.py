@@ -1,0 +1,122 @@
+"""LoRA in the supervised trainers: only the adapters train (the base stays bit-identical),
+rank and target_modules decide what is trained, SFT learns and exports (merged and PEFT,
+against transformers + peft), checkpoints hold only adapters and resume bit-exactly, and
+DPO's reference is the policy with its adapters off."""
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+import peft
+import torch
+from transformers import AutoModelForCausalLM
+
+from rljax.config import load_config
+from rljax.data import make_dataset
+from rljax.data.synthetic_spec import materialize
+from rljax.models import save_hf
+from rljax.models.lora import LoRAConfig
+from rljax.parallel import make_mesh, shard_batch
+from rljax.train.export import export_checkpoint
+from rljax.train.loop import train
+from rljax.train.objectives import sft_objective
+from rljax.train.optim import OptimConfig, make_optimizer
+from rljax.train.run_config import RunConfig
+from rljax.train.setup import build_decoder, init_sharded_train_state, load_tokenizer, place_trainable
+from rljax.train.steps import make_train_step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS = os.path.join(ROOT, "configs")
+FAST = ["trainer.logger=[jsonl]", "data.batch_size=16", "trainer.async_save=false", "trainer.test_freq=0"]
+
+
+def config(tmp_path, name, *overrides):
+    return load_config(RunConfig, os.path.join(CONFIGS, name), [f"trainer.default_local_dir={tmp_path}", *FAST,
+                                                                 *overrides])
+
+
+def metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_only_the_configured_adapters_train_and_the_base_is_bit_identical(tmp_path, rank=2,
+                                                                         targets=("v_proj", "down_proj")):
+    cfg = config(tmp_path, "sft_tiny.yaml", f"model.lora.rank={rank}", f"model.lora.target_modules=[{','.join(targets)}]",
+                 "data.max_length=32", "data.bucket_size=32",
+                 "data.train_files=[\"synthetic:arithmetic/sft?n=64&seed=0&digits=2\"]")
+    mesh = make_mesh(cfg.mesh)
+    with jax.set_mesh(mesh):
+        tokenizer = load_tokenizer(cfg.model)
+        graphdef, params, base = place_trainable(build_decoder(cfg.model, tokenizer, mesh=mesh), mesh)
+        names = {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(params)}
+        assert names == {f"['layers']['{t}_lora_{w}'].value" for t in targets for w in "ab"}
+        assert all(v.shape[-1] == rank for k, v in jax.tree_util.tree_leaves_with_path(params)
+                   if "lora_a" in jax.tree_util.keystr(k))
+        before = jax.device_get(base)
+        optimizer, schedule = make_optimizer(OptimConfig(lr=1e-2, weight_decay=0.0), 3)
+        state = init_sharded_train_state(params, optimizer, 0, mesh)
+        assert {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(state.opt_state)
+                if ".mu[" in jax.tree_util.keystr(k)} == {f"[1][0].mu{n}" for n in names}  # AdamW moments: adapters only
+        step = make_train_step(graphdef, sft_objective(), optimizer, schedule)
+        files = materialize(cfg.data.train_files, str(tmp_path), "train")
+        data = make_dataset(dataclasses.replace(cfg.data, train_files=files), tokenizer, "train")
+        losses = []
+        for _ in range(3):
+            state, m = step(state, shard_batch(next(data), mesh), None, base)
+            losses.append(float(m["train/loss"]))
+    assert losses[-1] < losses[0]
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(base), before)  # frozen: bit-identical
+    assert all(np.abs(np.asarray(v)).max() > 0 for k, v in jax.tree_util.tree_leaves_with_path(state.params)
+               if "lora_b" in jax.tree_util.keystr(k))  # every B moved off zero
+
+
+def test_lora_sft_learns_exports_and_resumes_bit_exactly(tmp_path):
+    lora = ["model.lora.rank=8", "model.lora.alpha=32", "optim.lr=2e-2", "optim.warmup_steps=0"]
+    cfg = config(tmp_path, "sft_tiny.yaml", *lora, "trainer.total_steps=24", "trainer.save_freq=12",
+                 "trainer.experiment_name=full")
+    train(cfg)
+    run_dir = os.path.join(str(tmp_path), "full")
+    rows = [m for m in metrics(run_dir) if "train/loss" in m]
+    print(f"LoRA SFT loss {rows[0]['train/loss']:.3f} -> {rows[-1]['train/loss']:.3f}")
+    assert rows[-1]["train/loss"] < 0.8 * rows[0]["train/loss"]
+
+    # the checkpoint holds adapters and their optimizer state only
+    files = os.listdir(os.path.join(run_dir, "checkpoints", "24", "state"))
+    held = json.dumps(sorted(files))
+    assert "embed" not in held and "q_proj_lora_a" in held, held
+
+    # resume from step 12 in a second run: the step-24 adapters are bit-identical
+    half = config(tmp_path, "sft_tiny.yaml", *lora, "trainer.total_steps=24", "trainer.save_freq=12",
+                  "trainer.experiment_name=resumed", f"trainer.resume_mode={run_dir}/checkpoints/12")
+    train(half)
+    a, b = (metrics(os.path.join(str(tmp_path), n)) for n in ("full", "resumed"))
+    assert [m["train/loss"] for m in a if m["step"] == 24] == [m["train/loss"] for m in b if m["step"] == 24]
+
+    ids = np.asarray([[5, 9, 12, 7, 3, 20, 11]], np.int32)
+    merged = str(tmp_path / "merged")
+    export_checkpoint(run_dir, merged)
+    adapter = str(tmp_path / "adapter")
+    export_checkpoint(run_dir, adapter, lora_format="peft")
+    base_dir = str(tmp_path / "base")  # the run's random base model, as transformers reads it
+    with jax.set_mesh(make_mesh(cfg.mesh)):
+        plain = build_decoder(dataclasses.replace(cfg.model, lora=LoRAConfig()), load_tokenizer(cfg.model))
+    save_hf(plain, base_dir)
+    with torch.no_grad():
+        full = AutoModelForCausalLM.from_pretrained(merged).eval()(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+        peft_model = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), adapter).eval()
+        via_peft = peft_model(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+        base_logits = AutoModelForCausalLM.from_pretrained(base_dir).eval()(torch.tensor(ids)).logits.numpy()
+    assert np.abs(via_peft - base_logits).max() > 1e-2  # training moved the adapters
+    np.testing.assert_allclose(full, via_peft, atol=1e-5)
+
+
+def test_lora_dpo_reference_is_the_base_model(tmp_path):
+    cfg = config(tmp_path, "dpo_tiny.yaml", "model.lora.rank=4", "optim.lr=1e-2", "trainer.total_steps=4",
+                 "trainer.save_freq=0")
+    train(cfg)
+    rows = [m for m in metrics(os.path.join(str(tmp_path), cfg.trainer.experiment_name)) if "rewards/margins" in m]
+    assert abs(rows[0]["rewards/margins"]) < 1e-6  # policy == reference (B = 0) at step 1
+    assert abs(rows[-1]["rewards/margins"]) > 1e-4  # then the adapters move away from it
