@@ -6,6 +6,7 @@ DPO's reference is the policy with its adapters off."""
 import dataclasses
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -74,7 +75,8 @@ def test_only_the_configured_adapters_train_and_the_base_is_bit_identical(tmp_pa
 
 
 def test_lora_sft_learns_exports_and_resumes_bit_exactly(tmp_path):
-    lora = ["model.lora.rank=8", "model.lora.alpha=32", "optim.lr=2e-2", "optim.warmup_steps=0"]
+    # a frozen random unembedding of std 0.02 bounds the logits near 0: a wider init leaves the adapters room
+    lora = ["model.lora.rank=8", "model.lora.alpha=16", "optim.lr=1e-2", "model.hf_config.initializer_range=0.2"]
     cfg = config(tmp_path, "sft_tiny.yaml", *lora, "trainer.total_steps=24", "trainer.save_freq=12",
                  "trainer.experiment_name=full")
     train(cfg)
@@ -84,16 +86,17 @@ def test_lora_sft_learns_exports_and_resumes_bit_exactly(tmp_path):
     assert rows[-1]["train/loss"] < 0.8 * rows[0]["train/loss"]
 
     # the checkpoint holds adapters and their optimizer state only
-    files = os.listdir(os.path.join(run_dir, "checkpoints", "24", "state"))
-    held = json.dumps(sorted(files))
-    assert "embed" not in held and "q_proj_lora_a" in held, held
+    with open(os.path.join(run_dir, "checkpoints", "24", "state", "_METADATA")) as f:
+        held = f.read()  # orbax's tree metadata: every saved leaf's path
+    assert "q_proj_lora_a" in held and not re.search(r"[\"'](embed|q_proj|mlp_norm)[\"']", held)
 
     # resume from step 12 in a second run: the step-24 adapters are bit-identical
     half = config(tmp_path, "sft_tiny.yaml", *lora, "trainer.total_steps=24", "trainer.save_freq=12",
                   "trainer.experiment_name=resumed", f"trainer.resume_mode={run_dir}/checkpoints/12")
     train(half)
     a, b = (metrics(os.path.join(str(tmp_path), n)) for n in ("full", "resumed"))
-    assert [m["train/loss"] for m in a if m["step"] == 24] == [m["train/loss"] for m in b if m["step"] == 24]
+    after = lambda rows: [m["train/loss"] for m in rows if "train/loss" in m and m["step"] > 12]  # noqa: E731
+    assert len(after(b)) == 12 and after(a) == after(b)  # bit-exact: the same float losses, steps 13..24
 
     ids = np.asarray([[5, 9, 12, 7, 3, 20, 11]], np.int32)
     merged = str(tmp_path / "merged")
