@@ -3,7 +3,6 @@ only they move; each replica keeps its copy of the base (the same buffers), and 
 value is the source's."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rljax.models import ModelConfig, init_model
@@ -33,7 +32,7 @@ def test_only_changed_adapters_are_handed_off_again():
     new_adapters = jax.tree.map(lambda x: x + 1.0, adapters)  # an update: new arrays for the adapters only
     second, report = timed_hand_off(join(new_adapters, base), layout, cache=cache)
     adapter_bytes = sum(x.nbytes for x in jax.tree.leaves(new_adapters))
-    assert sum(report.allocated_bytes.values()) <= adapter_bytes * layout.num_replicas  # base not moved
+    assert 0 < max(report.allocated_bytes.values()) <= adapter_bytes  # per device: at most the adapters; no base
     for old, new in zip(first, second):
         old_adapters, old_base = split_trainable(decoder, old)
         new_adapters_r, new_base = split_trainable(decoder, new)
@@ -45,4 +44,4 @@ def test_only_changed_adapters_are_handed_off_again():
     full = jax.tree.map(lambda x: x * 1.0, join(new_adapters, base))  # full fine-tuning: every leaf new
     third, report = timed_hand_off(full, layout, cache=cache)
     assert not buffers(third) & buffers(second)
-    assert jnp.all(jax.tree.leaves(third[0])[0] == jax.tree.leaves(full)[0])
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(third[0]), jax.device_get(full))
