@@ -43,37 +43,6 @@ def metrics(run_dir):
         return [json.loads(line) for line in f]
 
 
-def test_only_the_configured_adapters_train_and_the_base_is_bit_identical(tmp_path, rank=2,
-                                                                         targets=("v_proj", "down_proj")):
-    cfg = config(tmp_path, "sft_tiny.yaml", f"model.lora.rank={rank}", f"model.lora.target_modules=[{','.join(targets)}]",
-                 "data.max_length=32", "data.bucket_size=32",
-                 "data.train_files=[\"synthetic:arithmetic/sft?n=64&seed=0&digits=2\"]")
-    mesh = make_mesh(cfg.mesh)
-    with jax.set_mesh(mesh):
-        tokenizer = load_tokenizer(cfg.model)
-        graphdef, params, base = place_trainable(build_decoder(cfg.model, tokenizer, mesh=mesh), mesh)
-        names = {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(params)}
-        assert names == {f"['layers']['{t}_lora_{w}'].value" for t in targets for w in "ab"}
-        assert all(v.shape[-1] == rank for k, v in jax.tree_util.tree_leaves_with_path(params)
-                   if "lora_a" in jax.tree_util.keystr(k))
-        before = jax.device_get(base)
-        optimizer, schedule = make_optimizer(OptimConfig(lr=1e-2, weight_decay=0.0), 3)
-        state = init_sharded_train_state(params, optimizer, 0, mesh)
-        assert {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(state.opt_state)
-                if ".mu[" in jax.tree_util.keystr(k)} == {f"[1][0].mu{n}" for n in names}  # AdamW moments: adapters only
-        step = make_train_step(graphdef, sft_objective(), optimizer, schedule)
-        files = materialize(cfg.data.train_files, str(tmp_path), "train")
-        data = make_dataset(dataclasses.replace(cfg.data, train_files=files), tokenizer, "train")
-        losses = []
-        for _ in range(3):
-            state, m = step(state, shard_batch(next(data), mesh), None, base)
-            losses.append(float(m["train/loss"]))
-    assert losses[-1] < losses[0]
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get(base), before)  # frozen: bit-identical
-    assert all(np.abs(np.asarray(v)).max() > 0 for k, v in jax.tree_util.tree_leaves_with_path(state.params)
-               if "lora_b" in jax.tree_util.keystr(k))  # every B moved off zero
-
-
 def test_lora_sft_learns_exports_and_resumes_bit_exactly(tmp_path):
     # a frozen random unembedding of std 0.02 bounds the logits near 0: a wider init leaves the adapters room
     lora = ["model.lora.rank=8", "model.lora.alpha=16", "optim.lr=1e-2", "model.hf_config.initializer_range=0.2"]
@@ -123,3 +92,45 @@ def test_lora_dpo_reference_is_the_base_model(tmp_path):
     rows = [m for m in metrics(os.path.join(str(tmp_path), cfg.trainer.experiment_name)) if "rewards/margins" in m]
     assert abs(rows[0]["rewards/margins"]) < 1e-6  # policy == reference (B = 0) at step 1
     assert abs(rows[-1]["rewards/margins"]) > 1e-4  # then the adapters move away from it
+
+
+def test_only_the_configured_adapters_train_the_base_stays_bit_identical_and_8_devices_equal_1(
+        tmp_path, rank=2, targets=("v_proj", "down_proj")):
+    cfg = config(tmp_path, "sft_tiny.yaml", f"model.lora.rank={rank}", f"model.lora.target_modules=[{','.join(targets)}]",
+                 "data.max_length=32", "data.bucket_size=32",
+                 "data.train_files=[\"synthetic:arithmetic/sft?n=64&seed=0&digits=2\"]")
+    tokenizer = load_tokenizer(cfg.model)
+    files = materialize(cfg.data.train_files, str(tmp_path), "train")
+    data = make_dataset(dataclasses.replace(cfg.data, train_files=files), tokenizer, "train")
+    batches = [next(data) for _ in range(3)]
+    results = []
+    for devices in (jax.devices(), jax.devices()[:1]):
+        mesh = make_mesh(cfg.mesh, devices=devices)
+        with jax.set_mesh(mesh):
+            graphdef, params, base = place_trainable(build_decoder(cfg.model, tokenizer, mesh=mesh), mesh)
+            names = {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(params)}
+            assert names == {f"['layers']['{t}_lora_{w}'].value" for t in targets for w in "ab"}
+            assert params["layers"]["v_proj_lora_a"].get_value().shape[-1] == rank
+            if len(devices) == 8:  # adapters are split like their base weights: A's embed rows over fsdp
+                a = params["layers"]["v_proj_lora_a"].get_value()
+                assert a.sharding.spec[1] == "fsdp" and len(a.addressable_shards) == 8
+            before = jax.device_get(base)
+            optimizer, schedule = make_optimizer(OptimConfig(lr=1e-2, weight_decay=0.0), 3)
+            state = init_sharded_train_state(params, optimizer, 0, mesh)
+            moments = {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(state.opt_state)
+                       if ".mu[" in jax.tree_util.keystr(k)}
+            assert moments == {f"[1][0].mu{n}" for n in names}  # AdamW moments: adapters only
+            step = make_train_step(graphdef, sft_objective(), optimizer, schedule)
+            losses = []
+            for batch in batches:
+                state, m = step(state, shard_batch(batch, mesh), None, base)
+                losses.append(float(m["train/loss"]))
+            assert losses[-1] < losses[0]
+            jax.tree.map(np.testing.assert_array_equal, jax.device_get(base), before)  # frozen: bit-identical
+            trained = jax.device_get(state.params)
+            assert all(np.abs(v).max() > 0 for k, v in jax.tree_util.tree_leaves_with_path(trained)
+                       if "lora_b" in jax.tree_util.keystr(k))  # every B moved off zero
+            results.append((losses, trained))
+    (losses8, adapters8), (losses1, adapters1) = results
+    np.testing.assert_allclose(losses8, losses1, atol=1e-5)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), adapters8, adapters1)
