@@ -46,7 +46,7 @@ def metrics(run_dir):
 def test_lora_sft_learns_exports_and_resumes_bit_exactly(tmp_path):
     # a frozen random unembedding of std 0.02 bounds the logits near 0: a wider init leaves the adapters room
     lora = ["model.lora.rank=8", "model.lora.alpha=16", "optim.lr=1e-2", "model.hf_config.initializer_range=0.2"]
-    cfg = config(tmp_path, "sft_tiny.yaml", *lora, "trainer.total_steps=24", "trainer.save_freq=12",
+    cfg = config(tmp_path, "sft_tiny.yaml", *lora, "trainer.total_steps=16", "trainer.save_freq=8",
                  "trainer.experiment_name=full")
     train(cfg)
     run_dir = os.path.join(str(tmp_path), "full")
@@ -55,17 +55,17 @@ def test_lora_sft_learns_exports_and_resumes_bit_exactly(tmp_path):
     assert rows[-1]["train/loss"] < 0.8 * rows[0]["train/loss"]
 
     # the checkpoint holds adapters and their optimizer state only
-    with open(os.path.join(run_dir, "checkpoints", "24", "state", "_METADATA")) as f:
+    with open(os.path.join(run_dir, "checkpoints", "16", "state", "_METADATA")) as f:
         held = f.read()  # orbax's tree metadata: every saved leaf's path
     assert "q_proj_lora_a" in held and not re.search(r"[\"'](embed|q_proj|mlp_norm)[\"']", held)
 
-    # resume from step 12 in a second run: the step-24 adapters are bit-identical
-    half = config(tmp_path, "sft_tiny.yaml", *lora, "trainer.total_steps=24", "trainer.save_freq=12",
-                  "trainer.experiment_name=resumed", f"trainer.resume_mode={run_dir}/checkpoints/12")
+    # resume from step 8 in a second run: steps 9..16 are bit-identical
+    half = config(tmp_path, "sft_tiny.yaml", *lora, "trainer.total_steps=16", "trainer.save_freq=8",
+                  "trainer.experiment_name=resumed", f"trainer.resume_mode={run_dir}/checkpoints/8")
     train(half)
     a, b = (metrics(os.path.join(str(tmp_path), n)) for n in ("full", "resumed"))
-    after = lambda rows: [m["train/loss"] for m in rows if "train/loss" in m and m["step"] > 12]  # noqa: E731
-    assert len(after(b)) == 12 and after(a) == after(b)  # bit-exact: the same float losses, steps 13..24
+    after = lambda rows: [m["train/loss"] for m in rows if "train/loss" in m and m["step"] > 8]  # noqa: E731
+    assert len(after(b)) == 8 and after(a) == after(b)  # bit-exact: the same float losses, steps 9..16
 
     ids = np.asarray([[5, 9, 12, 7, 3, 20, 11]], np.int32)
     merged = str(tmp_path / "merged")
@@ -83,6 +83,12 @@ def test_lora_sft_learns_exports_and_resumes_bit_exactly(tmp_path):
         base_logits = AutoModelForCausalLM.from_pretrained(base_dir).eval()(torch.tensor(ids)).logits.numpy()
     assert np.abs(via_peft - base_logits).max() > 1e-2  # training moved the adapters
     np.testing.assert_allclose(full, via_peft, atol=1e-5)
+
+    # the PEFT folder as a run's starting point (model.lora.path): the trained function again
+    start = dataclasses.replace(cfg.model, lora=dataclasses.replace(cfg.model.lora, path=adapter))
+    with jax.set_mesh(make_mesh(cfg.mesh)):
+        ours = np.asarray(build_decoder(start, load_tokenizer(cfg.model))(jax.numpy.asarray(ids)))
+    np.testing.assert_allclose(ours, via_peft, atol=1e-5)
 
 
 def test_lora_dpo_reference_is_the_base_model(tmp_path):
