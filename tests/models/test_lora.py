@@ -97,3 +97,28 @@ def test_adapters_off_is_the_base_model_and_merging_keeps_the_function(base):
     assert len(jax.tree.leaves(frozen)) == len(jax.tree.leaves(nnx.state(plain)))
     merge_into_base(decoder)
     np.testing.assert_allclose(_ours(decoder, ids, mask), with_adapters, atol=1e-5)
+
+
+def test_config_errors_and_a_reward_model_trains_adapters_and_its_head():
+    import os
+
+    from rljax.config import ConfigError, load_config
+    from rljax.models import ModelConfig, init_model
+    from rljax.models.heads import ScalarHeadModel
+    from rljax.train.run_config import RunConfig
+
+    sft = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                       "configs", "sft_tiny.yaml")
+    for overrides, message in ((["model.lora.target_modules=[q_proj,qkv]"], "unknown module 'qkv'"),
+                               (["model.lora.rank=4", "model.lora.dropout=0.1"], "dropout: only 0.0"),
+                               (["model.lora.path=/x"], "needs rank > 0")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(RunConfig, sft, overrides)
+    config = ModelConfig(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    decoder = init_model(config)
+    add_adapters(decoder, LoRAConfig(rank=2, target_modules=["q_proj"]))
+    trainable, _ = split_trainable(ScalarHeadModel(decoder, rngs=nnx.Rngs(0)))
+    assert sorted(jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(trainable)) == [
+        "['backbone']['layers']['q_proj_lora_a'].value", "['backbone']['layers']['q_proj_lora_b'].value",
+        "['score'].value"]
