@@ -193,7 +193,7 @@ def prepare_rljax(args, config) -> Runner:
                              batch_sharding=batch_sharding(mesh))
     batch = shard_batch(make_batch(args.batch, args.seq_len, config.vocab_size, args.segments), mesh)
     start = time.perf_counter()
-    compiled = update.lower(holder["state"], batch, None).compile()
+    compiled = update.lower(holder["state"], batch, None, None).compile()
     compile_s = time.perf_counter() - start
     memory = compiled.memory_analysis()
     runner = Runner("rljax", attention, lambda: None, jax.device_count(), args.peak_flops or peak_flops(),
@@ -203,7 +203,7 @@ def prepare_rljax(args, config) -> Runner:
         runner.extra["args_GiB"] = memory.argument_size_in_bytes / 2**30
 
     def step():
-        holder["state"], metrics = compiled(holder["state"], batch, None)
+        holder["state"], metrics = compiled(holder["state"], batch, None, None)
         jax.block_until_ready((holder["state"], metrics))
         runner.extra["loss"] = metrics["train/loss"]
 

@@ -16,6 +16,7 @@ BENCHES: dict[str, str] = {
     "step": "step",
     "agent": "agent",
     "rollout": "rollout",
+    "lora": "lora",
 }
 
 

@@ -18,6 +18,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     parser.add_argument("--dtype", default=None, help="weights dtype (default: the training param dtype)")
     parser.add_argument("--max-shard-size", default="5GB")
+    parser.add_argument("--lora-format", choices=("merged", "peft"), default="merged",
+                        help="a LoRA run: the full model with the adapters merged in (default), or a PEFT "
+                             "adapter folder (adapter_config.json + adapter_model.safetensors)")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into --out even if it holds files (its model files are replaced and deleted)")
 
@@ -42,7 +45,7 @@ EXPORTERS: dict[str, tuple[str, str]] = {
 
 
 def export_run(path: str, out: str, step: int | None = None, dtype: str | None = None,
-               max_shard_size: str = "5GB") -> str:
+               max_shard_size: str = "5GB", lora_format: str = "merged") -> str:
     """Export the run `path` names (a run directory, its checkpoints/ or one step) with the
     exporter of its kind, read from the run's `config.yaml`."""
     import importlib
@@ -53,11 +56,12 @@ def export_run(path: str, out: str, step: int | None = None, dtype: str | None =
     run_dir = os.path.dirname(resolve_checkpoint(path)[0])
     module, name = EXPORTERS[run_kind(saved_config(run_dir), os.path.join(run_dir, "config.yaml"))]
     export = getattr(importlib.import_module(module), name)
-    return export(path, out, step=step, dtype=dtype, max_shard_size=max_shard_size)
+    return export(path, out, step=step, dtype=dtype, max_shard_size=max_shard_size, lora_format=lora_format)
 
 
 def main(args) -> int:
     check_out(args.out, args.overwrite)
-    path = export_run(args.checkpoint, args.out, step=args.step, dtype=args.dtype, max_shard_size=args.max_shard_size)
+    path = export_run(args.checkpoint, args.out, step=args.step, dtype=args.dtype, max_shard_size=args.max_shard_size,
+                      lora_format=args.lora_format)
     print(f"wrote {path}")
     return 0

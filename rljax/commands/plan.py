@@ -274,7 +274,8 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
     from flax import nnx
 
     from rljax.data.config import DataConfig
-    from rljax.models import DTypePolicy, abstract_model
+    from rljax.models import DTypePolicy, init_model
+    from rljax.models.lora import add_adapters, split_trainable
     from rljax.parallel import (MeshConfig, abstract_mesh, check_batch, data_parallel_size, mesh_desc,
                                 optimizer_shardings, planned_bytes, state_shardings)
     from rljax.rollout.config import SamplerConfig
@@ -292,14 +293,25 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
     cfg = model_config_of(section, raw)
     policy = DTypePolicy(section.param_dtype, section.compute_dtype)
 
-    # params, optimizer state, gradients: abstract shapes + the rules table
-    model = abstract_model(cfg, policy=policy, remat=section.remat, attention=section.attention)
+    # params, optimizer state, gradients: abstract shapes + the rules table. With LoRA the
+    # optimizer state and gradients are the adapters' only (`rljax.models.lora.split_trainable`)
+    def build():
+        decoder = init_model(cfg, policy=policy, remat=section.remat, attention=section.attention)
+        if section.lora.enabled:
+            add_adapters(decoder, section.lora)
+        return decoder
+
+    model = nnx.eval_shape(build)
     params = nnx.state(model, nnx.Param)
+    trainable, _ = split_trainable(model, params)
     param_shardings = state_shardings(params, mesh)
     p_bytes = planned_bytes(params, param_shardings)
+    trainable_shardings = state_shardings(trainable, mesh)
+    t_bytes = planned_bytes(trainable, trainable_shardings)
     optimizer, _ = make_optimizer(optim_cfg, int(trainer.get("total_steps", 100)))
-    opt_shapes = jax.eval_shape(optimizer.init, params)
-    o_bytes = planned_bytes(opt_shapes, optimizer_shardings(optimizer, param_shardings, mesh))
+    opt_shapes = jax.eval_shape(optimizer.init, trainable)
+    o_bytes = planned_bytes(opt_shapes, optimizer_shardings(optimizer, trainable_shardings, mesh))
+    lora = section.lora.enabled
 
     dp = data_parallel_size(mesh)
     batch = int(rl.get("mini_batch") or data_cfg.train_batch_size or data_cfg.batch_size)
@@ -312,6 +324,7 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
     tensor = mesh.shape["tensor"]
     c = jnp.dtype(policy.compute).itemsize
     total_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+    trained_params = sum(math.prod(x.shape) for x in jax.tree.leaves(trainable))
     per_device_params = p_bytes // jnp.dtype(policy.param).itemsize
 
     algorithm = trainer.get("algorithm", "sft")
@@ -324,23 +337,27 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
         f"param {policy.param_dtype}, compute {policy.compute_dtype}; micro-batch {micro} rows "
         f"({rows} per device) x {seq} tokens, {num_micro} micro-batch(es) per step; remat={section.remat}, "
         f"attention={section.attention}"
+        + (f"; LoRA rank {section.lora.rank} on {','.join(section.lora.target_modules)}: {_count(trained_params)} "
+           f"trained params ({trained_params / total_params:.2%})" if lora else "")
         + (f" (-> {resolved_attention(section.attention, backend, policy.compute_dtype, cfg.head_dim)} on "
            f"{backend})" if section.attention == "auto" else ""),
     ])
-    plan.add(f"params ({policy.param_dtype})", p_bytes)
-    plan.add("optimizer state (AdamW mu + nu)", o_bytes)
-    plan.add("gradients" + (" (accumulator + one micro-batch's)" if num_micro > 1 else ""),
-             p_bytes * (2 if num_micro > 1 else 1))
+    plan.add(f"params ({policy.param_dtype})" + (" (frozen base + adapters)" if lora else ""), p_bytes)
+    plan.add("optimizer state (AdamW mu + nu)" + (" (adapters only)" if lora else ""), o_bytes)
+    plan.add("gradients" + (" (accumulator + one micro-batch's)" if num_micro > 1 else "")
+             + (" (adapters only)" if lora else ""), t_bytes * (2 if num_micro > 1 else 1))
     if policy.compute_dtype != policy.param_dtype:
         plan.add(f"params cast to {policy.compute_dtype} (live through the step)", per_device_params * c)
-    layer_params = (total_params - cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+    layer_params = (total_params - trained_params - cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
                     - cfg.hidden_size) // cfg.num_hidden_layers
     if mesh.shape["fsdp"] > 1:
         plan.add("one layer's weights all-gathered over fsdp (x2, prefetch)", 2 * layer_params // tensor * c)
+    reference_bytes = 0 if lora else p_bytes  # LoRA: the reference is the base with adapters off
     if reference:
-        plan.add(f"reference model ({policy.param_dtype}, frozen)", p_bytes)
+        plan.add(f"reference model ({policy.param_dtype}, frozen)" + (": the base, adapters off (no copy)" if lora
+                                                                    else ""), reference_bytes)
     if critic:
-        plan.add("critic: params + optimizer + gradients", p_bytes + o_bytes + p_bytes)
+        plan.add("critic: params + optimizer + gradients", p_bytes + o_bytes + t_bytes)
     kernel = resolved_attention(section.attention, backend, policy.compute_dtype, cfg.head_dim)
     for remat in ("none", "save_dots", "full"):
         act = activation_bytes(cfg, rows, seq, tensor, c, remat, kernel)
@@ -363,7 +380,7 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
         plan.kv = []
     if device_memory_gb:
         limit = int(device_memory_gb * 1e9)
-        free = limit - p_bytes - o_bytes - (p_bytes if reference else 0)  # what stays resident while sampling
+        free = limit - p_bytes - o_bytes - (reference_bytes if reference else 0)  # what stays resident while sampling
         fraction = rl.get("kv_fraction") or sampler.kv_cache.memory_fraction
         note = (f"device memory {device_memory_gb:g} GB: training needs {plan.total / GiB:.2f} GiB -> "
                 + ("fits" if plan.total <= limit else "DOES NOT FIT"))
@@ -373,7 +390,7 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
         plan.notes.append(note)
         if plan.rollout is not None:  # the replicas share the training devices: what is resident while sampling
             r = plan.rollout
-            sampling = p_bytes + o_bytes + (p_bytes if reference else 0) + r.weights_bytes + r.kv_bytes
+            sampling = p_bytes + o_bytes + (reference_bytes if reference else 0) + r.weights_bytes + r.kv_bytes
             plan.notes.append(
                 f"while the replicas sample: params + optimizer state{' + reference' if reference else ''} + "
                 f"rollout weights + KV pool = {sampling / GiB:.2f} GiB per device, "

@@ -537,6 +537,9 @@ def save_hf(
     os.makedirs(path, exist_ok=True)
     head = model if isinstance(model, ScalarHeadModel) else None
     decoder = head.backbone if head is not None else model
+    if decoder.lora_scale:  # the table has no place for adapters: writing without them would drop them
+        raise ValueError("save_hf: the model has LoRA adapters; merge them first (rljax.models.lora.merge_into_base) "
+                         "or write them as a PEFT folder (rljax.models.lora_peft.save_peft_adapters)")
     config = decoder.config
     dtype = dtype or decoder.policy.param_dtype
     limit = _parse_size(max_shard_size)

@@ -28,6 +28,7 @@ from flax import nnx
 from rljax.algos.log_probs import log_probs_from_hidden
 from rljax.models.attention import get_attention, segment_positions
 from rljax.models.config import DTypePolicy, ModelConfig, RopeConfig
+from rljax.models.lora import add_delta, scaled
 from rljax.parallel import constrain, gather_weight
 
 # Logical axes of the residual stream (batch over data x fsdp; see rljax.parallel).
@@ -157,9 +158,9 @@ def attention_inputs(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, conf
     """Pre-norm, q/k/v projections (+bias), Qwen3 q/k norm, RoPE. Returns q `[B,T,N,D]`,
     k and v `[B,T,K,D]`."""
     h = rms_norm(x, p["attn_norm"], config.rms_norm_eps)  # [B, T, E]
-    q = jnp.einsum("bte,ehd->bthd", h, p["q_proj"])  # [B, T, N, D]
-    k = jnp.einsum("bte,ehd->bthd", h, p["k_proj"])  # [B, T, K, D]
-    v = jnp.einsum("bte,ehd->bthd", h, p["v_proj"])  # [B, T, K, D]
+    q = add_delta(p, "q_proj", h, jnp.einsum("bte,ehd->bthd", h, p["q_proj"]))  # [B, T, N, D]
+    k = add_delta(p, "k_proj", h, jnp.einsum("bte,ehd->bthd", h, p["k_proj"]))  # [B, T, K, D]
+    v = add_delta(p, "v_proj", h, jnp.einsum("bte,ehd->bthd", h, p["v_proj"]))  # [B, T, K, D]
     if config.qkv_bias:
         q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
     if config.qk_norm:
@@ -174,16 +175,17 @@ def attention_inputs(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, conf
 def attention_output_and_mlp(p: dict, x: jax.Array, attn: jax.Array, config: ModelConfig) -> jax.Array:
     """Output projection and residual, then the SwiGLU MLP and its residual: `x` `[B, T, E]`
     and `attn` `[B, T, N, D]` -> `[B, T, E]`."""
-    out = jnp.einsum("bthd,hde->bte", attn, p["o_proj"])  # [B, T, E]
+    out = add_delta(p, "o_proj", attn, jnp.einsum("bthd,hde->bte", attn, p["o_proj"]))  # [B, T, E]
     if config.out_bias:
         out = out + p["o_bias"]
     x = x + out  # [B, T, E]
     h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)  # [B, T, E]
-    gate = h @ p["gate_proj"]  # [B, T, F]
-    up = h @ p["up_proj"]  # [B, T, F]
+    gate = add_delta(p, "gate_proj", h, h @ p["gate_proj"])  # [B, T, F]
+    up = add_delta(p, "up_proj", h, h @ p["up_proj"])  # [B, T, F]
     if config.mlp_bias:
         gate, up = gate + p["gate_bias"], up + p["up_bias"]
-    down = (jax.nn.silu(gate) * up) @ p["down_proj"]  # [B, T, E]
+    act = jax.nn.silu(gate) * up  # [B, T, F]
+    down = add_delta(p, "down_proj", act, act @ p["down_proj"])  # [B, T, E]
     if config.mlp_bias:
         down = down + p["down_bias"]
     return constrain(x + down, ACTIVATION)
@@ -213,8 +215,16 @@ class DecoderLayers(nnx.Module):
                 value = _init(spec.init, rngs.params(), shape, policy.param, config.initializer_range)
                 setattr(self, name, nnx.Param(value, logical_axes=spec.axes))
 
+    def variables(self) -> dict[str, nnx.Variable]:
+        """name -> variable: the base weights, then LoRA adapters (`rljax.models.lora`) if any."""
+        return {name: v for name, v in vars(self).items() if isinstance(v, nnx.Variable)}
+
     def arrays(self) -> dict[str, jax.Array]:
-        return {name: getattr(self, name)[...] for name in LAYER_PARAMS if hasattr(self, name)}
+        return {name: v[...] for name, v in self.variables().items()}
+
+    def axes(self) -> dict[str, tuple[str, ...]]:
+        """name -> logical axes of one layer's slice (without `layers`)."""
+        return {name: tuple(v.get_metadata()["logical_axes"][1:]) for name, v in self.variables().items()}
 
 
 class Decoder(nnx.Module):
@@ -242,6 +252,7 @@ class Decoder(nnx.Module):
         self.policy = policy
         self.remat = remat
         self.attention = attention
+        self.lora_scale = 0.0  # alpha / r once `rljax.models.lora.add_adapters` gave it adapters
         std = config.initializer_range
         self.embed = nnx.Param(
             _init("normal", rngs.params(), (config.vocab_size, config.hidden_size), policy.param, std),
@@ -267,9 +278,10 @@ class Decoder(nnx.Module):
         w = self.embed[...].T if self.config.tie_word_embeddings else self.lm_head[...]  # [E, V]
         return gather_weight(w, ("embed", "vocab")).astype(self.policy.compute)
 
-    def layer_arrays(self) -> dict[str, jax.Array]:
-        """Stacked per-layer arrays, cast to the compute dtype."""
-        return cast_tree(self.layers.arrays(), self.policy.compute)
+    def layer_arrays(self, adapters: bool = True) -> dict[str, jax.Array]:
+        """Stacked per-layer arrays, cast to the compute dtype; LoRA B matrices scaled by
+        alpha / r, or the adapters left out (`adapters=False`: the base model)."""
+        return cast_tree(scaled(self.layers.arrays(), self.lora_scale, adapters), self.policy.compute)
 
     def final_hidden(self, x: jax.Array) -> jax.Array:
         return rms_norm(x, self.final_norm[...].astype(self.policy.compute), self.config.rms_norm_eps)
@@ -282,8 +294,10 @@ class Decoder(nnx.Module):
         attention_mask: jax.Array | None = None,
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
+        adapters: bool = True,
     ) -> jax.Array:
-        """Final-norm hidden states `[B, T, hidden]` in the compute dtype."""
+        """Final-norm hidden states `[B, T, hidden]` in the compute dtype; with
+        `adapters=False` those of the base model (LoRA adapters off)."""
         config = self.config
         if segment_ids is None:
             segment_ids = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
@@ -292,10 +306,11 @@ class Decoder(nnx.Module):
             positions = segment_positions(segment_ids)  # [B, T]
         cos, sin = rope_cos_sin(positions, config)  # [B, T, D] each
         attend = get_attention(self.attention)
+        axes = self.layers.axes()
 
         def block(x, p):
             # FSDP: gather this layer's weights right before use; pin the residual's layout
-            p = {name: gather_weight(w, LAYER_PARAMS[name].axes[1:]) for name, w in p.items()}
+            p = {name: gather_weight(w, axes[name]) for name, w in p.items()}
             x = constrain(x, ACTIVATION)  # [B, T, E]
             q, k, v = attention_inputs(p, x, cos, sin, config)  # [B, T, N, D], [B, T, K, D] x 2
             return attention_output_and_mlp(p, x, attend(q, k, v, segment_ids), config), None
@@ -303,7 +318,7 @@ class Decoder(nnx.Module):
         policy = REMAT_POLICIES[self.remat]
         if self.remat != "none":
             block = jax.checkpoint(block, policy=policy, prevent_cse=False)
-        x, _ = jax.lax.scan(block, self.embed_tokens(input_ids), self.layer_arrays())  # [B, T, E]
+        x, _ = jax.lax.scan(block, self.embed_tokens(input_ids), self.layer_arrays(adapters))  # [B, T, E]
         return self.final_hidden(x)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
@@ -319,6 +334,7 @@ class Decoder(nnx.Module):
         segment_ids: jax.Array | None = None,
         temperature: float = 1.0,
         entropy: bool = False,
+        adapters: bool = True,
     ) -> jax.Array | tuple[jax.Array, jax.Array]:
         """log p(input_ids[t] | input_ids[< t]) at `temperature`, aligned with `input_ids`
         (`[B, T]` float32, 0 at t = 0), and with `entropy` also the `[B, T]` entropy of the
@@ -327,8 +343,9 @@ class Decoder(nnx.Module):
         The one way from a decoder to token log-probs: the SFT / DPO objectives, the RL
         trainer's old / reference forwards and validation perplexity all read them here.
         The logits are computed chunk by chunk over positions
-        (`rljax.algos.log_probs.log_probs_from_hidden`), never as one `[B, T, V]` array."""
-        hidden = self.hidden_states(input_ids, attention_mask, positions, segment_ids)  # [B, T, E]
+        (`rljax.algos.log_probs.log_probs_from_hidden`), never as one `[B, T, V]` array.
+        `adapters=False`: the base model's (the LoRA reference policy)."""
+        hidden = self.hidden_states(input_ids, attention_mask, positions, segment_ids, adapters)  # [B, T, E]
         return log_probs_from_hidden(hidden, self.unembedding(), input_ids, temperature=temperature,
                                      compute_entropy=entropy)
 

@@ -25,13 +25,14 @@ from rljax.rl.step_metrics import Timer
 LogProbFn = Callable[[Any, Any, Any], Any]  # (params, input_ids, attention_mask) -> [B, T] log-probs
 
 
-def make_log_prob_fn(graphdef: nnx.GraphDef, temperature: float) -> LogProbFn:
+def make_log_prob_fn(graphdef: nnx.GraphDef, temperature: float, adapters: bool = True) -> LogProbFn:
     """Jitted aligned token log-probs of `input_ids` under the given params
-    (`Decoder.token_log_probs`, chunked)."""
+    (`Decoder.token_log_probs`, chunked); `adapters=False`: with LoRA adapters off."""
 
     @jax.jit
     def log_probs(params, input_ids, attention_mask):
-        return nnx.merge(graphdef, params).token_log_probs(input_ids, attention_mask, temperature=temperature)
+        return nnx.merge(graphdef, params).token_log_probs(input_ids, attention_mask, temperature=temperature,
+                                                           adapters=adapters)
 
     return log_probs
 
@@ -39,13 +40,14 @@ def make_log_prob_fn(graphdef: nnx.GraphDef, temperature: float) -> LogProbFn:
 def make_full_kl_fn(graphdef: nnx.GraphDef, temperature: float):
     """Jitted aligned exact KL(pi || pi_ref) over the vocabulary per position, `(params,
     reference params, input_ids, attention_mask) -> [B, T]`; chunked over positions
-    (`rljax.algos.kl.kl_from_hidden`), never [B, T, vocab]."""
+    (`rljax.algos.kl.kl_from_hidden`), never [B, T, vocab]. The reference runs with LoRA
+    adapters off (with LoRA its params are the policy's own)."""
 
     @jax.jit
     def full_kl(params, reference, input_ids, attention_mask):
         model, ref = nnx.merge(graphdef, params), nnx.merge(graphdef, reference)
         hidden = model.hidden_states(input_ids, attention_mask=attention_mask)  # [B, T, E]
-        ref_hidden = ref.hidden_states(input_ids, attention_mask=attention_mask)  # [B, T, E]
+        ref_hidden = ref.hidden_states(input_ids, attention_mask=attention_mask, adapters=False)  # [B, T, E]
         return kl_from_hidden(hidden, model.unembedding(), ref_hidden, ref.unembedding(), temperature=temperature)
 
     return full_kl
@@ -71,11 +73,13 @@ class BatchForwards:
     ref_log_probs: bool  # a per-token KL estimator (loss or reward) reads the reference's log-probs
     full_kl: Callable | None  # KL-in-reward "full": exact KL(pi_old || pi_ref) per position
     values: Callable | None  # the critic's (GAE)
+    reference_log_probs: LogProbFn | None = None  # the reference's (LoRA: adapters off); None: `log_probs`
 
     @classmethod
     def of(cls, cfg: RLConfig, actor: nnx.GraphDef, critic: nnx.GraphDef | None = None) -> BatchForwards:
         a, alg, temperature = cfg.actor, cfg.algorithm, cfg.rollout.temperature
         return cls(
+            reference_log_probs=make_log_prob_fn(actor, temperature, adapters=False) if cfg.model.lora.enabled else None,
             log_probs=make_log_prob_fn(actor, temperature),
             reuse_rollout_log_probs=a.use_rollout_log_probs or alg.rollout_correction.bypass_mode,
             ref_log_probs=((a.use_kl_loss and a.kl_loss_type != FULL_KL)
@@ -87,7 +91,10 @@ class BatchForwards:
     def fill(self, batch: dict[str, np.ndarray], mesh, timer: Timer, actor_params, reference=None,
              critic_params=None) -> None:
         """Add `old_log_probs` and, as configured, `ref_log_probs`, `full_kl` and `values`
-        (`[B, T]` each, on the host) to the step batch."""
+        (`[B, T]` each, on the host) to the step batch. `reference` None: the reference is
+        the policy with its LoRA adapters off (its params are `actor_params`)."""
+        reference = actor_params if reference is None else reference
+        ref_log_probs = self.reference_log_probs or self.log_probs
         # every process holds the whole batch, and gets every result whole
         ids, mask = place_batch({"i": batch["input_ids"], "m": batch["attention_mask"]}, mesh).values()
         with timer("old_log_prob"):
@@ -97,7 +104,7 @@ class BatchForwards:
                 batch["old_log_probs"] = fetch(self.log_probs(actor_params, ids, mask))
         if self.ref_log_probs:
             with timer("ref"):
-                batch["ref_log_probs"] = fetch(self.log_probs(reference, ids, mask))
+                batch["ref_log_probs"] = fetch(ref_log_probs(reference, ids, mask))
         if self.full_kl is not None:
             with timer("ref"):
                 batch["full_kl"] = fetch(self.full_kl(actor_params, reference, ids, mask))

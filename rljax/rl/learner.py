@@ -16,10 +16,11 @@ import numpy as np
 from flax import nnx
 
 from rljax.hostsync import place_batch
+from rljax.models.lora import join
 from rljax.parallel import data_parallel_size
 from rljax.rl.config import RLConfig
 from rljax.train.optim import OptimConfig, make_optimizer
-from rljax.train.setup import init_sharded_train_state, place
+from rljax.train.setup import init_sharded_train_state, place_trainable
 from rljax.train.steps import TrainState, make_train_step
 
 
@@ -34,6 +35,12 @@ class Learner:
     epochs: int
     shuffle: bool
     keys: tuple[str, ...]  # the batch entries the objective reads
+    base: nnx.State  # the module's frozen weights (LoRA: the base model; else empty), never donated
+
+    @property
+    def params(self) -> nnx.State:
+        """The whole module's state: trained params and frozen base (the same arrays)."""
+        return join(self.state.params, self.base)
 
     def update(self, batch: dict[str, np.ndarray], mesh, rng: np.random.Generator, frozen=None) -> dict[str, float]:
         """`epochs` passes over the batch in mini-batches, one optimizer step each; the
@@ -45,7 +52,7 @@ class Learner:
             for start in range(0, rows, self.mini_batch_rows):
                 idx = order[start : start + self.mini_batch_rows]
                 mini = place_batch({k: batch[k][idx] for k in self.keys}, mesh)
-                self.state, metrics = self.step(self.state, mini, frozen)
+                self.state, metrics = self.step(self.state, mini, frozen, self.base)
                 outputs.append(metrics)
         host = jax.device_get(outputs)
         return {k: float(np.mean([m[k] for m in host])) for k in host[0]}
@@ -60,7 +67,7 @@ def make_learner(module: nnx.Module, optim: OptimConfig, objective, totals_fn, c
     """Place `module` on the mesh, build its optimizer (scheduled over every update of the
     run) and its jitted train step with `mini_prompts x rollout.n` row mini-batches cut in
     micro-batches of `micro_per_device` rows per data-parallel device (0: one)."""
-    graphdef, params = place(module, mesh)
+    graphdef, params, base = place_trainable(module, mesh)
     optimizer, schedule = make_optimizer(optim, cfg.trainer.total_steps * _updates_per_step(cfg, mini_prompts, epochs))
     state = init_sharded_train_state(params, optimizer, seed, mesh)
     mini_rows = mini_prompts * cfg.rollout.n
@@ -72,7 +79,7 @@ def make_learner(module: nnx.Module, optim: OptimConfig, objective, totals_fn, c
         )
     step = make_train_step(graphdef, objective, optimizer, schedule, mini_rows // micro_rows,
                            state_sharding=jax.tree.map(lambda x: x.sharding, state), totals_fn=totals_fn)
-    return Learner(graphdef, state, step, mini_rows, epochs, shuffle, tuple(keys))
+    return Learner(graphdef, state, step, mini_rows, epochs, shuffle, tuple(keys), base)
 
 
 def _updates_per_step(cfg: RLConfig, mini_prompts: int, epochs: int) -> int:

@@ -40,10 +40,11 @@ sg = jax.lax.stop_gradient
 
 def full_kl_to_reference(model, hidden, batch, reference_params, temperature: float) -> jax.Array:
     """Exact KL(pi_theta || pi_ref) over the vocabulary per response position (aligned,
-    chunked: `kl_from_hidden`); the reference is `model`'s graph with the frozen params, and
-    no gradient flows into it."""
-    reference = nnx.merge(nnx.graphdef(model), reference_params)
-    ref_hidden = sg(reference.hidden_states(batch["input_ids"], attention_mask=batch["attention_mask"]))
+    chunked: `kl_from_hidden`); the reference is `model`'s graph with the frozen params (None:
+    `model` itself with its LoRA adapters off), and no gradient flows into it."""
+    reference = model if reference_params is None else nnx.merge(nnx.graphdef(model), reference_params)
+    ref_hidden = sg(reference.hidden_states(batch["input_ids"], attention_mask=batch["attention_mask"],
+                                            adapters=False))
     return kl_from_hidden(hidden, model.unembedding(), ref_hidden, sg(reference.unembedding()),
                           temperature=temperature)
 

@@ -14,10 +14,11 @@ from flax import nnx
 
 from rljax.checkpoint import Checkpointer, resolve_checkpoint, restore_params
 from rljax.config import from_dict
-from rljax.models import save_hf
+from rljax.train.export import save_trained
 from rljax.parallel import make_mesh, state_shardings
 from rljax.rl.config import RLConfig
 from rljax.runs import run_kind, saved_config
+from rljax.models.lora import split_trainable
 from rljax.train.setup import build_decoder, load_tokenizer
 
 
@@ -39,20 +40,25 @@ def load_policy(cfg: RLConfig, checkpoint: str, mesh, step: int | None = None):
     tokenizer_dir = os.path.join(run_dir, "tokenizer")
     section = dataclasses.replace(cfg.model, tokenizer=tokenizer_dir) if os.path.isdir(tokenizer_dir) else cfg.model
     tokenizer = load_tokenizer(section)
-    module = nnx.eval_shape(lambda: build_decoder(section, tokenizer, weights=False, mesh=mesh))
-    graphdef, abstract = nnx.split(module)
+    if section.lora.enabled:  # the checkpoint holds the adapters; the base comes from the model section
+        with jax.set_mesh(mesh):
+            module = build_decoder(section, tokenizer, mesh=mesh)
+    else:
+        module = nnx.eval_shape(lambda: build_decoder(section, tokenizer, weights=False, mesh=mesh))
+    graphdef = nnx.graphdef(module)
+    abstract, base = split_trainable(module)
     shardings = state_shardings(abstract, mesh)
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract, shardings)
     params = restore_params(directory, step, abstract, ("actor", "params"))
-    return nnx.merge(graphdef, params), tokenizer, step
+    return nnx.merge(graphdef, params, base), tokenizer, step
 
 
 def export_policy(path: str, out: str, step: int | None = None, dtype: str | None = None,
-                  max_shard_size: str = "5GB") -> str:
+                  max_shard_size: str = "5GB", lora_format: str = "merged") -> str:
     """`rljax export` of an RL run (`path`: its directory, checkpoints/ or one step): the
     policy as a Hugging Face folder `out`, with the run's tokenizer."""
     directory, _ = resolve_checkpoint(path)
     cfg = from_dict(RLConfig, saved_config(os.path.dirname(directory)))
     policy, tokenizer, _ = load_policy(cfg, path, make_mesh(cfg.mesh), step)
-    save_hf(policy, out, tokenizer=tokenizer, dtype=dtype, max_shard_size=max_shard_size)
+    save_trained(policy, out, cfg.model, tokenizer, dtype, max_shard_size, lora_format)
     return out

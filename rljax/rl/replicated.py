@@ -27,7 +27,7 @@ from rljax.hostsync import allgather_objects
 from rljax.rl.main_thread import MainThreadCalls
 from rljax.rl.scoring import ScoredRollout
 from rljax.rollout.assign import Assignment, Group, assign_groups
-from rljax.rollout.handoff import HandOffReport, timed_hand_off
+from rljax.rollout.handoff import HandOffCache, HandOffReport, timed_hand_off
 from rljax.rollout.params import SamplingParams
 from rljax.rollout.replicas import ReplicaLayout
 from rljax.rollout.sampler import Sampler
@@ -74,7 +74,8 @@ class ReplicatedRollout:
         self.max_response_len = max_response_len
         self.graphdef, params = nnx.split(decoder)
         self.local = layout.local_replicas()
-        states, self.last_hand_off = timed_hand_off(params, layout, self.local)
+        self.hand_off_cache = HandOffCache()  # unchanged leaves (LoRA's base) are handed off once
+        states, self.last_hand_off = timed_hand_off(params, layout, self.local, self.hand_off_cache)
         self.samplers = {}
         for r, state in zip(self.local, states):
             with jax.set_mesh(layout.replicas[r]):  # a replica's programs live on its devices, not the run's mesh
@@ -85,7 +86,7 @@ class ReplicatedRollout:
     def update_params(self, params: nnx.State) -> HandOffReport:
         """Hand the policy's parameters (training layout) to every replica, in device
         memory. Every process must call it (the reshard is one program over all)."""
-        states, report = timed_hand_off(params, self.layout, self.local)
+        states, report = timed_hand_off(params, self.layout, self.local, self.hand_off_cache)
         for r, state in zip(self.local, states):
             self.samplers[r].update_params(state)
         self.last_hand_off = report

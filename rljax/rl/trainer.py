@@ -78,8 +78,8 @@ class RLTrainer:
         self.rollout_correction = (jax.jit(functools.partial(compute_rollout_correction_and_rejection_mask,
                                                              **correction_kwargs(corr)))
                                    if corr.enabled and not corr.bypass_mode else None)
-        self.reference = None
-        if a.use_kl_loss or alg.use_kl_in_reward:  # frozen copy of the initial policy
+        self.reference = None  # with LoRA the reference is the policy with its adapters off: no copy
+        if (a.use_kl_loss or alg.use_kl_in_reward) and not cfg.model.lora.enabled:  # frozen copy of the initial policy
             params = self.actor.state.params
             self.reference = jax.device_put(jax.tree.map(jnp.copy, params), state_shardings(params, self.mesh))
         self.estimator = get_adv_estimator(alg.adv_estimator)
@@ -97,7 +97,7 @@ class RLTrainer:
         self.kl_ctrl = get_kl_controller(alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl, alg.kl_ctrl.horizon)
 
         self.generation = Generation(cfg, decoder, self.tokenizer, self.agent_config,
-                                     lambda: self.actor.state.params, self.mesh)
+                                     lambda: self.actor.params, self.mesh)
         # reference-answer perplexity in validation is scored at temperature 1
         self.val_log_probs = None if self.agent_config is not None else (
             self.forwards.log_probs if r.temperature == 1.0 else make_log_prob_fn(self.actor.graphdef, 1.0))
@@ -108,7 +108,7 @@ class RLTrainer:
         self.step_count = self._resume()
         self.skips = SkipGuard(cfg.trainer.max_consecutive_skipped_steps, "actor.optim.lr", a.optim.lr,
                                self.run.checkpointer, int(jax.device_get(self.actor.state.skipped_steps)))
-        self.generation.update_params(self.actor.state.params)
+        self.generation.update_params(self.actor.params)
 
     # ---- one iteration -----------------------------------------------------------------
 
@@ -149,8 +149,8 @@ class RLTrainer:
             s.group_id = int(g)
         row = cfg.data.max_prompt_length + cfg.rollout.response_length
         batch = build_batch(samples, cfg.data.bucket_size or row, row, pad_id=self.tokenizer.pad_token_id or 0)
-        self.forwards.fill(batch, self.mesh, timer, self.actor.state.params, self.reference,
-                           None if self.critic is None else self.critic.state.params)
+        self.forwards.fill(batch, self.mesh, timer, self.actor.params, self.reference,
+                           None if self.critic is None else self.critic.params)
         with timer("adv"):
             self._advantages(batch, samples, rollout.metrics)
         return batch
@@ -205,7 +205,7 @@ class RLTrainer:
                 if skipped < attempted:  # the sampler never runs on non-finite weights
                     self.skips.check_params(self.step_count + 1, self.actor.state.params,
                                             "the sampler keeps the previous weights", "actor parameters")
-                metrics.update(self.generation.update_params(self.actor.state.params))
+                metrics.update(self.generation.update_params(self.actor.params))
         self.step_count += 1
         metrics.update(batch_metrics(batch, rollout.samples))
         metrics.update(rollout_mismatch(batch))
@@ -215,13 +215,13 @@ class RLTrainer:
         return metrics
 
     def actor_flops_per_token(self, seq_len: int) -> float:
-        return nnx.merge(self.actor.graphdef, self.actor.state.params).config.flops_per_token(seq_len)
+        return nnx.merge(self.actor.graphdef, self.actor.params).config.flops_per_token(seq_len)
 
     # ---- validation, checkpoints, the run ----------------------------------------------
 
     def validate(self) -> dict[str, float]:
         """`rljax.rl.evaluate.validate` with the current policy."""
-        return validate(self.cfg, self.tokenizer, self.generate_round, self.val_log_probs, self.actor.state.params,
+        return validate(self.cfg, self.tokenizer, self.generate_round, self.val_log_probs, self.actor.params,
                         self.mesh)
 
     def save(self) -> None:

@@ -14,6 +14,12 @@ With several processes the rollout devices must be the training mesh's devices (
 reshards across hosts within one device set); on one process any devices will do (e.g.
 rollout replicas on devices the trainer does not use).
 
+With a `HandOffCache` a leaf whose source is the very array handed off last time (LoRA's
+frozen base: only the adapters change between updates) is not moved again: each replica
+keeps its previous copy. Which leaves are reused follows from the program's own objects,
+the same on every process (the trainer holds the same base arrays on each), so the
+reshard of step 1 stays one program with the same arguments everywhere.
+
 `timed_hand_off` also reports the seconds it took and the bytes it allocated on each
 device (measured from the arrays' shards: buffers of the result that are not buffers of
 the input), the `timing_s/update_weights` of a training step and its transient memory.
@@ -22,7 +28,7 @@ the input), the `timing_s/update_weights` of a training step and its transient m
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import jax
@@ -58,20 +64,39 @@ def _replica_view(x: jax.Array, spec, mesh) -> jax.Array:
     return jax.make_array_from_single_device_arrays(x.shape, NamedSharding(mesh, spec), shards)
 
 
-def hand_off(params: nnx.State, layout: ReplicaLayout, replicas: Sequence[int] | None = None) -> list[nnx.State]:
+@dataclass
+class HandOffCache:
+    """The last hand-off's source leaves and, per replica, its result leaves."""
+
+    sources: list = field(default_factory=list)
+    outputs: dict[int, list] = field(default_factory=dict)
+
+    def reusable(self, leaves: list, replicas: tuple[int, ...]) -> list[bool]:
+        """Per leaf: the same array as last time's source (and every replica has its copy)."""
+        if len(leaves) != len(self.sources) or any(r not in self.outputs for r in replicas):
+            return [False] * len(leaves)
+        return [x is y for x, y in zip(leaves, self.sources)]
+
+
+def hand_off(params: nnx.State, layout: ReplicaLayout, replicas: Sequence[int] | None = None,
+             cache: HandOffCache | None = None) -> list[nnx.State]:
     """`params` (an nnx.State of the policy, in the training layout) laid out for each of
-    `replicas` (default: this process's `layout.local_replicas()`), in that order.
+    `replicas` (default: this process's `layout.local_replicas()`), in that order. With
+    `cache`, leaves unchanged since its last hand-off are not moved (and it is updated).
 
     Every process must call it with the same `params` and `layout` (step 1 of the module
     docstring is one program over all of them). Values are the source's, bit for bit."""
     replicas = layout.local_replicas() if replicas is None else tuple(replicas)
     leaves, treedef = jax.tree.flatten(params)
     targets = rollout_shardings(params, layout)
-    placed = _to_rollout_layout(leaves, targets)
-    return [
-        jax.tree.unflatten(treedef, [_replica_view(x, t.spec, layout.replicas[r]) for x, t in zip(placed, targets)])
-        for r in replicas
-    ]
+    reuse = cache.reusable(leaves, replicas) if cache is not None else [False] * len(leaves)
+    moving = [i for i, kept in enumerate(reuse) if not kept]
+    placed = dict(zip(moving, _to_rollout_layout([leaves[i] for i in moving], [targets[i] for i in moving])))
+    outputs = {r: [cache.outputs[r][i] if reuse[i] else _replica_view(placed[i], targets[i].spec, layout.replicas[r])
+                   for i in range(len(leaves))] for r in replicas}
+    if cache is not None:
+        cache.sources, cache.outputs = list(leaves), outputs
+    return [jax.tree.unflatten(treedef, outputs[r]) for r in replicas]
 
 
 @dataclass(frozen=True)
@@ -101,13 +126,15 @@ def _buffers(tree) -> dict[tuple[int, int], int]:
 
 
 def timed_hand_off(
-    params: nnx.State, layout: ReplicaLayout, replicas: Sequence[int] | None = None
+    params: nnx.State, layout: ReplicaLayout, replicas: Sequence[int] | None = None,
+    cache: HandOffCache | None = None,
 ) -> tuple[list[nnx.State], HandOffReport]:
     """`hand_off`, timed to completion, with the bytes it allocated on each device."""
+    held = _buffers([x for leaves in cache.outputs.values() for x in leaves]) if cache is not None else {}
     start = time.perf_counter()
-    out = jax.block_until_ready(hand_off(params, layout, replicas))
+    out = jax.block_until_ready(hand_off(params, layout, replicas, cache))
     seconds = time.perf_counter() - start
-    before = _buffers(params)
+    before = {**_buffers(params), **held}
     allocated: dict[int, int] = {}
     for (device, address), nbytes in _buffers(out).items():  # views share buffers: counted once
         allocated.setdefault(device, 0)

@@ -5,6 +5,11 @@ restores the train state into that layout, and `save_hf` writes the weights one 
 at a time, with the run's tokenizer. A reward model is written as
 `*ForSequenceClassification` (`num_labels=1`).
 
+A LoRA run (`model.lora.rank > 0`) checkpoints only its adapters (and head): the base
+weights are rebuilt from the run's `model` section (its `path`, or its seeded random
+init), and the export is either the merged full model (default) or, with
+`lora_format="peft"`, a PEFT adapter folder (`rljax.models.lora_peft`).
+
 An RL run exports its policy through `rljax.rl.policy_checkpoint.export_policy`; `rljax
 export` picks the exporter by the run's kind (`rljax.runs.run_kind`).
 """
@@ -20,6 +25,8 @@ from flax import nnx
 from rljax.checkpoint import Checkpointer, resolve_checkpoint
 from rljax.config import from_dict
 from rljax.models import save_hf
+from rljax.models.lora import merge_into_base, split_trainable
+from rljax.models.lora_peft import save_peft_adapters
 from rljax.parallel import make_mesh, state_shardings
 from rljax.runs import run_kind, saved_config
 from rljax.train.optim import make_optimizer
@@ -39,8 +46,9 @@ def load_run_config(run_dir: str) -> RunConfig:
 
 
 def abstract_train_state(module: nnx.Module, cfg: RunConfig, mesh):
-    """(graphdef, ShapeDtypeStructs of the TrainState with the shardings training used)."""
-    graphdef, params = nnx.split(module)
+    """(graphdef, ShapeDtypeStructs of the TrainState with the shardings training used).
+    The TrainState holds the trained parameters only (LoRA: adapters and head)."""
+    graphdef, params = nnx.graphdef(module), split_trainable(module)[0]
     shardings = state_shardings(params, mesh)
     params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), params, shardings)
     optimizer, _ = make_optimizer(cfg.optim, cfg.trainer.total_steps)
@@ -52,7 +60,7 @@ def abstract_train_state(module: nnx.Module, cfg: RunConfig, mesh):
 
 
 def export_checkpoint(path: str, out: str, step: int | None = None, dtype: str | None = None,
-                      max_shard_size: str = "5GB") -> str:
+                      max_shard_size: str = "5GB", lora_format: str = "merged") -> str:
     """Write the checkpoint `path` names (a run directory, its checkpoints/ or one step;
     `step`, else the one named, else the latest) as a Hugging Face folder `out`."""
     directory, found_step = resolve_checkpoint(path)
@@ -66,8 +74,34 @@ def export_checkpoint(path: str, out: str, step: int | None = None, dtype: str |
     if step is None:
         raise FileNotFoundError(f"{directory}: no checkpoint")
     mesh = make_mesh(cfg.mesh)
-    module = nnx.eval_shape(lambda: make_task(cfg, build_decoder(cfg.model, tokenizer, weights=False), mesh).module)
+    if cfg.model.lora.enabled:  # the base weights are not in the checkpoint: rebuild them
+        with jax.set_mesh(mesh):
+            module = make_task(cfg, build_decoder(cfg.model, tokenizer, mesh=mesh), mesh).module
+    else:
+        module = nnx.eval_shape(lambda: make_task(cfg, build_decoder(cfg.model, tokenizer, weights=False), mesh).module)
     graphdef, abstract_state = abstract_train_state(module, cfg, mesh)
     state, _, _ = checkpointer.restore(step, abstract_state)
-    save_hf(nnx.merge(graphdef, state.params), out, tokenizer=tokenizer, dtype=dtype, max_shard_size=max_shard_size)
+    trained = nnx.merge(graphdef, state.params, split_trainable(module)[1])
+    save_trained(trained, out, cfg.model, tokenizer, dtype, max_shard_size, lora_format)
     return out
+
+
+LORA_FORMATS = ("merged", "peft")
+
+
+def save_trained(module, out: str, section, tokenizer, dtype, max_shard_size, lora_format: str = "merged") -> None:
+    """Write a trained decoder (or reward model) as a Hugging Face folder; with adapters,
+    merged into the base weights or (`lora_format="peft"`) as a PEFT adapter folder."""
+    if lora_format not in LORA_FORMATS:
+        raise ValueError(f"lora_format {lora_format!r}; choose from {list(LORA_FORMATS)}")
+    decoder = getattr(module, "backbone", module)
+    if lora_format == "peft":
+        if not section.lora.enabled or decoder is not module:
+            raise ValueError("--lora-format peft: only a LoRA run's policy has a PEFT adapter form")
+        save_peft_adapters(decoder, out, section.lora, base_model=section.path, dtype=dtype)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out)
+        return
+    if section.lora.enabled:
+        merge_into_base(decoder)
+    save_hf(module, out, tokenizer=tokenizer, dtype=dtype, max_shard_size=max_shard_size)

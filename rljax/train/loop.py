@@ -25,7 +25,8 @@ from rljax.runs import Run
 from rljax.train.objectives import make_eval_step
 from rljax.train.optim import make_optimizer
 from rljax.train.run_config import RunConfig
-from rljax.train.setup import build_decoder, init_sharded_train_state, peak_flops, place
+from rljax.models.lora import join
+from rljax.train.setup import build_decoder, init_sharded_train_state, peak_flops, place_trainable
 from rljax.train.skip_guard import SkipGuard
 from rljax.train.steps import make_train_step
 from rljax.train.tasks import make_task
@@ -74,7 +75,7 @@ def _train(run: Run, mesh) -> dict:
             f"data.format={cfg.data.format!r} but trainer.algorithm={cfg.trainer.algorithm!r} "
             f"reads {task.data_format!r} data"
         )
-    graphdef, params = place(task.module, mesh)
+    graphdef, params, base = place_trainable(task.module, mesh)  # LoRA: adapters (+ head), frozen base
     optimizer, schedule = make_optimizer(cfg.optim, cfg.trainer.total_steps)
     state = init_sharded_train_state(params, optimizer, cfg.trainer.seed, mesh)
     state_sharding = jax.tree.map(lambda x: x.sharding, state)
@@ -120,7 +121,7 @@ def _train(run: Run, mesh) -> dict:
             data_state = train_data.get_state()
             batch = shard_batch(host_batch, mesh)
             data_s = time.perf_counter() - t0
-            state, metrics = step_fn(state, batch, task.frozen)
+            state, metrics = step_fn(state, batch, task.frozen, base)
             if pending is not None:
                 last = flush(pending)
             pending = (step, metrics, _tokens(host_batch), _seq_len(batch), data_s)  # the agreed length
@@ -128,7 +129,7 @@ def _train(run: Run, mesh) -> dict:
             if validate_now or save_now:  # log this step before the pause, so its timing is its own
                 last, pending = flush(pending), None
             if validate_now:
-                val = _validate(evaluate, state.params, task.frozen, cfg, tokenizer, mesh)
+                val = _validate(evaluate, join(state.params, base), task.frozen, cfg, tokenizer, mesh)
                 run.tracker.log(step, val)
                 last.update(val)
             if save_now:

@@ -54,11 +54,13 @@ def _pairs(batch: dict) -> tuple[jax.Array, jax.Array, jax.Array]:
 
 def dpo_objective(config: DPOConfig, reference_graphdef: nnx.GraphDef | None) -> Callable:
     """DPO family; `frozen` is the reference model's state (not trained, not in the
-    optimizer). Sequence log-probs sum over response tokens (`*_loss_mask`)."""
+    optimizer). Without `reference_graphdef` (and not reference-free) the reference is the
+    trained model with its LoRA adapters off (`rljax.models.lora`). Sequence log-probs sum
+    over response tokens (`*_loss_mask`)."""
     average = config.loss_type == "ipo"
 
-    def sequence_logps(model, ids, mask, loss_mask):
-        logp = model.token_log_probs(ids, mask)  # [2B, T]
+    def sequence_logps(model, ids, mask, loss_mask, adapters=True):
+        logp = model.token_log_probs(ids, mask, adapters=adapters)  # [2B, T]
         seq = sequence_log_probs(logp, loss_mask, average=average)  # [2B]
         half = seq.shape[0] // 2
         return seq[:half], seq[half:]
@@ -68,8 +70,9 @@ def dpo_objective(config: DPOConfig, reference_graphdef: nnx.GraphDef | None) ->
         chosen, rejected = sequence_logps(model, ids, mask, loss_mask)
         ref_chosen = ref_rejected = None
         if not config.reference_free:
-            reference = nnx.merge(reference_graphdef, frozen)
-            ref_chosen, ref_rejected = jax.lax.stop_gradient(sequence_logps(reference, ids, mask, loss_mask))
+            reference = model if reference_graphdef is None else nnx.merge(reference_graphdef, frozen)
+            ref_chosen, ref_rejected = jax.lax.stop_gradient(
+                sequence_logps(reference, ids, mask, loss_mask, adapters=False))
         return dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=config.beta,
                         label_smoothing=config.label_smoothing, loss_type=config.loss_type,
                         reference_free=config.reference_free, return_terms=True)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from rljax.algos.registry import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
 from rljax.config import ConfigError, FieldError, NonNegFloat, NonNegInt, PositiveInt, check_name
 from rljax.data.config import DataConfig
+from rljax.models.lora import LoRAConfig
 from rljax.parallel import MeshConfig, ShardingError
 
 # supervised algorithm -> the data format it reads (rljax.train.tasks.TASKS has the same keys)
@@ -58,6 +59,9 @@ class ModelSection:
     remat: str = "none"
     attention: str = "xla"  # attention kernel of the trainer's forward, a name in ATTENTION_KERNELS
     init_seed: NonNegInt = 0  # seed of the random init (no `path`)
+    # low-rank adapters (rank > 0): only they (and a score / value head) are trained and checkpointed,
+    # the base weights are frozen and are the reference model (rljax.models.lora)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     def check(self) -> None:
         from rljax.models.attention import ATTENTION_KERNELS

@@ -15,6 +15,8 @@ from jax.sharding import Mesh
 
 from rljax.models import DTypePolicy, ModelConfig, init_model, read_config
 from rljax.models.hf import load_hf_sharded
+from rljax.models.lora import add_adapters, split_trainable
+from rljax.models.lora_peft import load_peft_adapters
 from rljax.models.transformer import Decoder
 from rljax.parallel import MeshConfig, make_mesh, optimizer_shardings, replicated, sharded_init, state_shardings
 from rljax.train.run_config import ModelSection
@@ -83,19 +85,33 @@ def build_decoder(section: ModelSection, tokenizer, *, weights: bool = True, mes
     devices (`place` then moves shards device-to-device if the run's mesh differs).
 
     With `weights=False` nothing is allocated or read: the plain constructor, for
-    `nnx.eval_shape` (shapes only)."""
+    `nnx.eval_shape` (shapes only).
+
+    With `model.lora.rank > 0` the decoder gets LoRA adapters (`rljax.models.lora`):
+    fresh ones, or those of the PEFT folder `model.lora.path`, placed by their logical axes."""
     policy = DTypePolicy(section.param_dtype, section.compute_dtype)
     if not weights:
         config = read_config(section.path) if section.path else model_config_from_section(section, tokenizer)
-        return init_model(config, seed=section.init_seed, policy=policy, remat=section.remat,
-                          attention=section.attention)
+        decoder = init_model(config, seed=section.init_seed, policy=policy, remat=section.remat,
+                             attention=section.attention)
+        if section.lora.enabled:
+            add_adapters(decoder, section.lora)
+        return decoder
     mesh = mesh if mesh is not None else _default_mesh()
     if section.path:
-        return load_hf_sharded(section.path, mesh, section.param_dtype, compute_dtype=section.compute_dtype,
-                               remat=section.remat, attention=section.attention)
-    config = model_config_from_section(section, tokenizer)
-    return sharded_init(lambda: init_model(config, seed=section.init_seed, policy=policy, remat=section.remat,
-                                           attention=section.attention), mesh)
+        decoder = load_hf_sharded(section.path, mesh, section.param_dtype, compute_dtype=section.compute_dtype,
+                                  remat=section.remat, attention=section.attention)
+    else:
+        config = model_config_from_section(section, tokenizer)
+        decoder = sharded_init(lambda: init_model(config, seed=section.init_seed, policy=policy, remat=section.remat,
+                                                  attention=section.attention), mesh)
+    if section.lora.enabled:
+        add_adapters(decoder, section.lora)
+        if section.lora.path:
+            load_peft_adapters(decoder, section.lora.path)
+        adapters, _ = split_trainable(decoder)
+        nnx.update(decoder, jax.device_put(adapters, state_shardings(adapters, mesh)))
+    return decoder
 
 
 def place(module: nnx.Module, mesh) -> tuple[nnx.GraphDef, nnx.State]:
@@ -104,6 +120,15 @@ def place(module: nnx.Module, mesh) -> tuple[nnx.GraphDef, nnx.State]:
     device-to-device (or, for a small fresh head, from the default device)."""
     graphdef, state = nnx.split(module)
     return graphdef, jax.device_put(state, state_shardings(state, mesh))
+
+
+def place_trainable(module: nnx.Module, mesh) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+    """`place`, then the state cut in (trainable, frozen) parts (`rljax.models.lora.
+    split_trainable`): with LoRA the adapters (and a head) and the base weights; without,
+    every parameter and an empty state."""
+    graphdef, state = place(module, mesh)
+    trainable, frozen = split_trainable(module, state)
+    return graphdef, trainable, frozen
 
 
 def train_state_shardings(params, optimizer: optax.GradientTransformation, mesh) -> TrainState:

@@ -92,30 +92,35 @@ def make_train_step(
     batch_sharding: Any = None,
     frozen_sharding: Any = None,
     totals_fn: Callable[[dict], Any] | None = None,
+    base_sharding: Any = None,
 ):
-    """Build `step(state, batch, frozen) -> (state, metrics)`, jitted with the given
+    """Build `step(state, batch, frozen, base) -> (state, metrics)`, jitted with the given
     shardings and the state donated. `graphdef` is split from the model once, by the
-    caller; `frozen` carries arrays that are read but not trained (a reference model)."""
+    caller; `frozen` carries arrays that are read but not trained (a reference model);
+    `base` the module's own weights that are not trained (LoRA: the base model, see
+    `rljax.models.lora.split_trainable`; None or empty in full fine-tuning). Gradients
+    and optimizer state exist for `state.params` only."""
 
-    def micro_step(params, micro_batch, frozen, totals, key):
+    def micro_step(params, micro_batch, frozen, totals, key, base):
         def numerator(p):
-            terms, metrics = objective(nnx.merge(graphdef, p), micro_batch, frozen, totals, key)
+            model = nnx.merge(graphdef, p) if base is None else nnx.merge(graphdef, p, base)
+            terms, metrics = objective(model, micro_batch, frozen, totals, key)
             return terms.numerator, (terms.denominator, metrics)
 
         (num, (den, metrics)), grads = jax.value_and_grad(numerator, has_aux=True)(params)
         return grads, num, den, metrics
 
-    def step(state: TrainState, batch: dict, frozen):
+    def step(state: TrainState, batch: dict, frozen, base):
         totals = totals_fn(batch) if totals_fn is not None else None
         micro = split_micro_batches(batch, num_micro_batches)
         first = jax.tree.map(lambda x: x[0], micro)
         keys = jax.vmap(lambda m: step_key(state.rng, state.step, m))(jnp.arange(num_micro_batches))
-        shapes = jax.eval_shape(micro_step, state.params, first, frozen, totals, keys[0])
+        shapes = jax.eval_shape(micro_step, state.params, first, frozen, totals, keys[0], base)
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
         def body(carry, xs):
             mb, key = xs
-            grads, num, den, metrics = micro_step(state.params, mb, frozen, totals, key)
+            grads, num, den, metrics = micro_step(state.params, mb, frozen, totals, key, base)
             g_acc, n_acc, d_acc, m_acc = carry
             weighted = jax.tree.map(lambda m: m * den, metrics)
             return (
@@ -151,7 +156,7 @@ def make_train_step(
 
     return jax.jit(
         step,
-        in_shardings=(state_sharding, batch_sharding, frozen_sharding),
+        in_shardings=(state_sharding, batch_sharding, frozen_sharding, base_sharding),
         out_shardings=(state_sharding, None),
         donate_argnums=(0,),
     )

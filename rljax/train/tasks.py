@@ -13,6 +13,7 @@ import jax
 from flax import nnx
 
 from rljax.models.heads import ScalarHeadModel
+from rljax.models.lora import has_adapters
 from rljax.models.transformer import Decoder
 from rljax.parallel import state_shardings
 from rljax.train.objectives import dpo_objective, rm_objective, sft_objective
@@ -38,9 +39,10 @@ def rm_task(cfg: RunConfig, decoder: Decoder, mesh) -> Task:
 
 def dpo_task(cfg: RunConfig, decoder: Decoder, mesh) -> Task:
     """The reference is the initial policy: a frozen copy of its weights, on the mesh in
-    the same layout, passed to the step as a read-only argument (no optimizer state)."""
+    the same layout, passed to the step as a read-only argument (no optimizer state).
+    With LoRA it is the policy with its adapters off: no copy at all."""
     graphdef, state = nnx.split(decoder)
-    if cfg.dpo.reference_free:
+    if cfg.dpo.reference_free or has_adapters(decoder):
         return Task(decoder, dpo_objective(cfg.dpo, None), "preference")
     sharding = state_shardings(state, mesh)
     reference = jax.device_put(jax.tree.map(lambda x: x.copy(), state), sharding)

@@ -63,7 +63,7 @@ def one_step(actor, num_micro, mesh=None, batch=None, frozen=None, state=None, c
             frozen = jax.device_put(frozen, state_shardings(frozen, mesh))
     state = state if state is not None else init_train_state(params, optax.sgd(1.0))
     step = step or make_step(actor, num_micro, correction)
-    new_state, metrics = step(state, batch, frozen)
+    new_state, metrics = step(state, batch, frozen, None)
     return jax.device_get(new_state), jax.device_get(metrics)
 
 

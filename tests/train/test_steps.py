@@ -44,7 +44,7 @@ def run_step(num_micro, mesh=None, batch=None, objective=None):
     else:
         state = init_train_state(params, opt)
         step = make_train_step(graphdef, objective or sft_objective(), opt, sched, num_micro)
-    state, metrics = step(state, batch, None)
+    state, metrics = step(state, batch, None, None)
     return jax.device_get(state), jax.device_get(metrics)
 
 

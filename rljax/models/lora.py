@@ -1,0 +1,197 @@
+"""LoRA adapters on the stacked-layer decoder: config, parameters, forward delta, the
+trainable / frozen split, merging.
+
+LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models",
+arXiv:2106.09685, eq. 3) replaces a frozen projection `y = x W` by
+
+    y = x W + (alpha / r) * (x A) B,      A: [in, r] ~ N(0, 1/in),  B: [r, out] = 0
+
+so training starts from the base model exactly (B = 0) and only A and B (2 r (in + out)
+numbers per projection and layer) are trained. A target is named as in Hugging Face /
+PEFT (`q_proj`, ..., `down_proj`); its base weight is `[*in, *out]` in the decoder's
+layout (`q_proj` `[E, N, D]`: in = (E,), out = (N, D); `o_proj` `[N, D, E]`: in = (N, D)).
+The adapters are stacked on the `layers` axis like their base weights and carry the base
+weight's logical axes on their `in` / `out` dimensions, so they shard like it; the rank
+axis (`lora_rank`) is never split.
+
+Adapters live in `DecoderLayers` as `LoRAParam` variables named `{target}_lora_a` /
+`{target}_lora_b`. `Decoder.layer_arrays` hands them to the block's pure functions
+with B already scaled by alpha / r, where `add_delta` adds the low-rank path; the sampler
+runs the same pure functions, so it applies the adapters on the fly with no extra code.
+`layer_arrays(adapters=False)` drops them: the base model, which is the reference policy
+of DPO and of RL's KL terms (no second copy of the weights).
+
+Why not qwix (the JAX LoRA library Tunix uses): qwix adds adapters by intercepting the
+einsum / dot_general calls of Flax modules matched by module path. This decoder has no
+per-projection modules: one `lax.scan` over a dict of stacked arrays, shared with the
+paged-KV sampler. The adapters here are a parameter spec table and one function.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rljax.config import FieldError, NonNegInt, PositiveFloat
+
+# target -> number of leading `in` dimensions of its base weight (the rest are `out`)
+TARGETS: dict[str, int] = {
+    "q_proj": 1,  # [E | N, D]
+    "k_proj": 1,  # [E | K, D]
+    "v_proj": 1,  # [E | K, D]
+    "o_proj": 2,  # [N, D | E]
+    "gate_proj": 1,  # [E | F]
+    "up_proj": 1,  # [E | F]
+    "down_proj": 1,  # [F | E]
+}
+
+RANK_AXIS = "lora_rank"
+
+
+@dataclass
+class LoRAConfig:
+    """`model.lora`: low-rank adapters instead of full fine-tuning (rank 0: off).
+
+    With rank > 0 only the adapters (and a reward-model / critic head) are trained and
+    checkpointed; the base weights are read-only and serve as the reference policy."""
+
+    rank: NonNegInt = 0  # r; 0: no adapters (full fine-tuning)
+    alpha: PositiveFloat = 16.0  # the delta is scaled by alpha / rank (PEFT: lora_alpha)
+    dropout: float = 0.0  # dropout on the adapters' input; only 0 is implemented
+    # projections that get adapters (HF / PEFT module names)
+    target_modules: list[str] = field(default_factory=lambda: list(TARGETS))
+    path: str = ""  # a PEFT adapter folder to start from (adapter_config.json + adapter_model.safetensors)
+    init_seed: NonNegInt = 0  # seed of A's random init
+
+    def check(self) -> None:
+        for name in self.target_modules:
+            if name not in TARGETS:
+                raise FieldError("target_modules", f"unknown module {name!r}; choose from {list(TARGETS)}")
+        if len(set(self.target_modules)) != len(self.target_modules):
+            raise FieldError("target_modules", f"repeated names in {self.target_modules}")
+        if self.rank and not self.target_modules:
+            raise FieldError("target_modules", "empty: with rank > 0 at least one module gets adapters")
+        if self.dropout != 0.0:
+            raise FieldError("dropout", f"only 0.0 is implemented (got {self.dropout:g})")
+        if self.path and not self.rank:
+            raise FieldError("path", "an adapter folder needs rank > 0 (set it to the folder's r)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+class LoRAParam(nnx.Param):
+    """An adapter matrix: trained (with a head, if any) while the base `nnx.Param`s stay frozen."""
+
+
+def adapter_names(target: str) -> tuple[str, str]:
+    return f"{target}_lora_a", f"{target}_lora_b"
+
+
+def adapter_specs(target: str, base_shape: tuple[int, ...], base_axes: tuple[str, ...], rank: int):
+    """Shapes and logical axes of A and B for a stacked base weight `[L, *in, *out]`."""
+    n_in = TARGETS[target]
+    layers, dims, axes = base_shape[0], base_shape[1:], base_axes[1:]
+    a = ((layers, *dims[:n_in], rank), (base_axes[0], *axes[:n_in], RANK_AXIS))
+    b = ((layers, rank, *dims[n_in:]), (base_axes[0], RANK_AXIS, *axes[n_in:]))
+    return a, b
+
+
+def add_adapters(decoder, config: LoRAConfig) -> None:
+    """Give `decoder` (a `Decoder`) fresh adapters on `config.target_modules`: A ~ N(0,
+    1/fan_in), B = 0, in the parameter dtype. Works under `nnx.eval_shape` too."""
+    layers = decoder.layers
+    key = jax.random.key(config.init_seed)
+    for i, target in enumerate(config.target_modules):
+        base = getattr(layers, target)
+        (a_shape, a_axes), (b_shape, b_axes) = adapter_specs(
+            target, base.shape, base.get_metadata()["logical_axes"], config.rank)
+        fan_in = math.prod(a_shape[1:-1])
+        a = jax.random.normal(jax.random.fold_in(key, i), a_shape, jnp.float32) / math.sqrt(fan_in)
+        name_a, name_b = adapter_names(target)
+        setattr(layers, name_a, LoRAParam(a.astype(base.dtype), logical_axes=a_axes))
+        setattr(layers, name_b, LoRAParam(jnp.zeros(b_shape, base.dtype), logical_axes=b_axes))
+    decoder.lora_scale = config.scale
+
+
+def add_delta(p: dict, target: str, x: jax.Array, y: jax.Array) -> jax.Array:
+    """`y + (x A) B` when one layer's arrays `p` hold adapters for `target` (B already
+    scaled by alpha / r, see `scaled`), else `y`. `x` is `[..., *in]`, `y` `[..., *out]`."""
+    name_a, name_b = adapter_names(target)
+    if name_a not in p:
+        return y
+    n_in = TARGETS[target]
+    low = jnp.tensordot(x, p[name_a], axes=n_in)  # [..., r]
+    return y + jnp.tensordot(low, p[name_b], axes=1).astype(y.dtype)  # [..., *out]
+
+
+def scaled(arrays: dict[str, jax.Array], scale: float, adapters: bool = True) -> dict[str, jax.Array]:
+    """A layer-array dict with every B multiplied by `scale` (alpha / r), or with the
+    adapters dropped (`adapters=False`: the base model)."""
+    out = {}
+    for name, w in arrays.items():
+        if name.endswith("_lora_a") or name.endswith("_lora_b"):
+            if not adapters:
+                continue
+            if name.endswith("_lora_b"):
+                w = w * jnp.asarray(scale, w.dtype)
+        out[name] = w
+    return out
+
+
+def has_adapters(module: nnx.Module) -> bool:
+    return any(isinstance(v, LoRAParam) for _, v in nnx.iter_graph(module))
+
+
+def frozen_filter(module: nnx.Module):
+    """The nnx filter of the frozen weights of `module`: every non-adapter `nnx.Param`
+    inside a decoder that has adapters (a head on top stays trainable). Nothing is frozen
+    in a module without adapters (full fine-tuning)."""
+    prefixes = [path for path, node in nnx.iter_graph(module)
+                if isinstance(node, nnx.Module) and getattr(node, "lora_scale", 0.0)]
+
+    def frozen(path, var) -> bool:
+        return (isinstance(var, nnx.Param) and not isinstance(var, LoRAParam)
+                and any(tuple(path[:len(p)]) == tuple(p) for p in prefixes))
+
+    return frozen
+
+
+def split_trainable(module: nnx.Module, state: nnx.State | None = None) -> tuple[nnx.State, nnx.State]:
+    """(trainable, frozen) parts of `module`'s state (or of `state`, a state of it). With
+    no adapters the frozen part is empty. `nnx.merge(graphdef, trainable, frozen)` (or
+    `join`) gives the module back."""
+    state = nnx.state(module) if state is None else state
+    frozen = frozen_filter(module)
+    return nnx.split_state(state, nnx.Not(frozen), frozen)
+
+
+def join(trainable: nnx.State, frozen: nnx.State) -> nnx.State:
+    """The whole state from its two parts (no copy: the same arrays)."""
+    return nnx.merge_state(trainable, frozen)
+
+
+def merge_into_base(decoder) -> None:
+    """Fold the adapters into the base weights in place: W += (alpha / r) A B, then drop
+    them; `decoder` becomes a plain decoder computing the same function."""
+    layers = decoder.layers
+    for target, n_in in TARGETS.items():
+        name_a, name_b = adapter_names(target)
+        if not hasattr(layers, name_a):
+            continue
+        base = getattr(layers, target)
+        a, b = getattr(layers, name_a)[...], getattr(layers, name_b)[...]
+        delta = jax.vmap(lambda a_, b_: jnp.tensordot(a_, b_, axes=1))(a.astype(jnp.float32), b.astype(jnp.float32))
+        base[...] = (base[...].astype(jnp.float32) + decoder.lora_scale * delta).astype(base.dtype)
+        delattr(layers, name_a)
+        delattr(layers, name_b)
+    decoder.lora_scale = 0.0
