@@ -115,7 +115,7 @@ class RunPrograms:
 
 def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = None, num_pages: int,
                  single_micro_batch: bool = False, num_scheduler_steps: int | None = None,
-                 all_buckets: bool = False, sampler_only: bool = False) -> RunPrograms:
+                 all_buckets: bool = False) -> RunPrograms:
     """The run's programs on `devices`. `config` replaces the model's (e.g. fewer layers,
     for the roofline's per-layer costs); `num_pages` sizes each sampler's KV pool;
     `single_micro_batch` compiles the train steps with one micro-batch per mini-batch and
@@ -219,7 +219,8 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
     the last of these (the most rows, the longest chunk)."""
     dtype = jnp.dtype(config.kv_cache.dtype or compute_dtype)  # as `plan_cache` sizes it
     pool_sharding = cache_sharding(state, model.num_key_value_heads)
-    pool_shape = (model.num_hidden_layers, num_pages, config.kv_cache.page_size, model.num_key_value_heads,
+    # a 0-layer build (the roofline's) still traces the layer loop's body: give it one layer of pool
+    pool_shape = (max(model.num_hidden_layers, 1), num_pages, config.kv_cache.page_size, model.num_key_value_heads,
                   model.head_dim)
     pool = jax.ShapeDtypeStruct(pool_shape, dtype, sharding=pool_sharding)
     buckets = Buckets.from_config(config)

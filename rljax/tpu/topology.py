@@ -108,24 +108,29 @@ def parse_slice(name: str) -> Slice:
 def slice_devices(tpu: Slice, num_slices: int = 1) -> list:
     """The devices of `num_slices` such slices, as libtpu describes them (no TPU needed;
     run with JAX_PLATFORMS=cpu on a host without one). Raises RuntimeError naming the
-    package when libtpu is missing."""
+    package when libtpu is missing, and with libtpu's reason when it cannot."""
+    import os
+
     from jax.experimental import topologies
 
+    if not libtpu_available():
+        raise RuntimeError(f"cannot describe TPU topology {tpu.topology_name}: libtpu is not installed; "
+                           f"pip install \"jax[tpu]==<your jax version>\"")
+    # libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) unless told that several processes may
+    # load it; compiling needs no TPU, so two compiles (or a compile and a test) may run side by side
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         topology = topologies.get_topology_desc(platform="tpu", topology_name=tpu.topology_name,
                                                 chip_config_name="default", chips_per_host_bounds=tpu.host_bounds,
                                                 num_slices=num_slices)
     except Exception as e:  # noqa: BLE001 - the plugin reports a missing libtpu in several ways
-        raise RuntimeError(f"cannot describe TPU topology {tpu.topology_name} ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else ''}); install libtpu with "
-                           f"pip install \"jax[tpu]==<your jax version>\"") from None
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise RuntimeError(f"libtpu cannot describe TPU topology {tpu.topology_name}: {type(e).__name__}: {first}") from None
     return list(topology.devices)
 
 
 def libtpu_available() -> bool:
-    """Whether libtpu can describe a TPU topology here."""
-    try:
-        slice_devices(parse_slice("v5e-4"))
-    except RuntimeError:
-        return False
-    return True
+    """Whether the libtpu package (the TPU compiler) is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec("libtpu") is not None
