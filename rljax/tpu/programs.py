@@ -73,7 +73,10 @@ class Program:
     mesh: Any  # the mesh active while it is traced (a replica's for the sampler)
 
     def lower(self):
-        with jax.set_mesh(self.mesh), compiling_for(_platform(self.mesh)):
+        # the abstract mesh only (what `constrain` and the kernels' shard_map read): a concrete TPU mesh
+        # would send the host-side eager arrays some kernels build (splash's mask metadata) to devices
+        # this process cannot run
+        with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh), compiling_for(_platform(self.mesh)):
             return self.fn.lower(*self.args)
 
 
