@@ -143,3 +143,15 @@ def test_qwen_05b_shaped_train_step_fits_a_v5e_chip(v5e_2x2):
     # params, AdamW state: fp32, 494M params split 4 ways -> 3 x 4 x 494M / 4 bytes at least
     assert result.argument_bytes > 3 * 4 * 494e6 / 4
     assert result.fits(CHIPS["v5e"]) and result.peak_bytes < 8 * GiB
+
+
+# ---- the command line --------------------------------------------------------------------------
+
+
+def test_compile_command_refuses_what_it_cannot_compile(capsys):
+    from rljax.cli import main
+
+    assert main(["compile", QUICKSTART, "--topology", "v5e-12"]) == 1
+    assert "--topology 'v5e-12': no standard v5e slice of 12 chips" in capsys.readouterr().err
+    assert main(["compile", "configs/sft_tiny.yaml", "--topology", "v5e-4"]) == 2
+    assert "only RL configs" in capsys.readouterr().err
