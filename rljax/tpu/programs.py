@@ -26,6 +26,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding
 
 from rljax.algos.registry import get_adv_estimator
 from rljax.models import DTypePolicy, ModelConfig, init_model, read_config
@@ -96,6 +97,22 @@ def model_config(cfg: RLConfig) -> ModelConfig:
 def _abstract(tree, shardings):
     """ShapeDtypeStructs of `tree` (shapes) laid out by the matching `shardings`."""
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), tree, shardings)
+
+
+def _reshard_source(source: NamedSharding, target: NamedSharding) -> NamedSharding:
+    """`source`'s layout expressed over `target`'s device order, as `jax.device_put` does
+    before its reshard program when the two meshes order the same devices differently
+    (the training mesh follows the torus, the replica mesh device ids): same blocks on the
+    same devices, so the compiled program is the hand-off's. Mirrors
+    `jax._src.dispatch._different_device_order_reshard`."""
+    source_devices = list(source.mesh.devices.flat)
+    target_devices = list(target.mesh.devices.flat)
+    if source_devices == target_devices:
+        return source
+    mesh = Mesh(target.mesh.devices.reshape(source.mesh.axis_sizes), source.mesh.axis_names,
+                axis_types=source.mesh.axis_types)
+    logical = None if source.is_fully_replicated else tuple(target_devices.index(d) for d in source_devices)
+    return NamedSharding(mesh, source.spec, _logical_device_ids=logical)
 
 
 def _rows(keys, rows: int, length: int, mesh) -> dict:
@@ -202,8 +219,9 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
         sampler_state = _abstract(params, state_shardings(params, sampler_mesh))
         targets = state_shardings(params, layout.mesh)
         handoff = jax.jit(lambda p: p, out_shardings=targets)
+        sources = jax.tree.map(_reshard_source, param_shardings, targets)
         programs.append(Program(f"weight hand-off (training layout -> {dp} replicas x tp={tp})", "handoff", handoff,
-                                (abstract_params,), 0, 0.0, len(devices), layout.mesh))
+                                (_abstract(params, sources),), 0, 0.0, len(devices), layout.mesh))
     else:
         sampler_mesh = mesh
         sampler_state = abstract_params

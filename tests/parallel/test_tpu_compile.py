@@ -13,7 +13,7 @@ import jax
 import pytest
 
 from rljax.config import load_config
-from rljax.parallel import planned_bytes
+from rljax.parallel import planned_bytes, state_shardings
 from rljax.rl.config import RLConfig
 from rljax.tpu.programs import Program, default_pages, run_programs
 from rljax.tpu.report import Compiled, compile_program, overflow, roofline
@@ -143,6 +143,27 @@ def test_qwen_05b_shaped_train_step_fits_a_v5e_chip(v5e_2x2):
     # params, AdamW state: fp32, 494M params split 4 ways -> 3 x 4 x 494M / 4 bytes at least
     assert result.argument_bytes > 3 * 4 * 494e6 / 4
     assert result.fits(CHIPS["v5e"]) and result.peak_bytes < 8 * GiB
+
+
+@needs_libtpu
+def test_hand_off_compiles_between_meshes_that_order_the_chips_differently(v5e_2x2):
+    cfg = load_config(RLConfig, QUICKSTART, ["rollout.tensor_parallel_size=2"])
+    run = run_programs(cfg, v5e_2x2, num_pages=default_pages(cfg))
+    # the training mesh follows the torus, the replicas follow device ids: jax.device_put's reorder path
+    assert [d.id for d in run.mesh.devices.flat] != [d.id for d in run.layout.mesh.devices.flat]
+    (program,) = [p for p in run.programs if p.kind == "handoff"]
+    result = compile_program(program)
+    assert result.error is None, result.error
+    # what it produces per chip: the rollout copy, split over the replica's tp=2 chips only (TPU
+    # buffers are padded to their tiles: a few KB more than the shapes say)
+    weights = program.args[0]
+    rollout = planned_bytes(weights, state_shardings(weights, run.layout.mesh))
+    training = planned_bytes(weights, state_shardings(weights, run.mesh))
+    assert result.output_bytes == pytest.approx(rollout, rel=0.02)
+    # the input is the fsdp=4 split, but a 128-wide minor dimension split 4 ways is padded back to the
+    # TPU's 128 lanes: the compiler's bytes sit between the shapes' split and the whole
+    assert training < result.argument_bytes <= planned_bytes(weights, state_shardings(weights, run.layout.replicas[0]))
+    assert rollout > 1.5 * training
 
 
 # ---- the command line --------------------------------------------------------------------------
