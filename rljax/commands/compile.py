@@ -50,7 +50,7 @@ def main(args) -> int:
     from rljax.rl.config import RLConfig
     from rljax.tpu.programs import default_pages, run_programs
     from rljax.tpu.report import compile_run, overflow, render, roofline_programs
-    from rljax.tpu.topology import parse_slice, slice_devices
+    from rljax.tpu.topology import parse_slice, slice_devices, sub_slice
 
     if kind_of(args.config, args.overrides) != "rl":
         raise ConfigError("rljax compile: only RL configs (trainer.algorithm grpo, ppo, ...) are compiled so far")
@@ -59,7 +59,9 @@ def main(args) -> int:
     cfg = load_config(RLConfig, args.config, args.overrides)
     validate(cfg, num_devices=len(devices))
     pages = default_pages(cfg)
-    run = run_programs(cfg, devices, num_pages=pages, all_buckets=args.all_buckets)
+    tp = cfg.rollout.tensor_parallel_size
+    replica = slice_devices(sub_slice(tpu, tp)) if 0 < tp < len(devices) else None
+    run = run_programs(cfg, devices, num_pages=pages, all_buckets=args.all_buckets, replica_devices=replica)
     hosts = len({d.process_index for d in devices})
     print(f"rljax compile: {args.config} for {args.num_slices} x {tpu.topology_name} ({len(devices)} chips "
           f"{devices[0].device_kind}, {hosts} hosts; {tpu.chip.hbm_bytes / 2**30:.0f} GiB HBM per chip)")
@@ -71,7 +73,7 @@ def main(args) -> int:
         print(note)
     compiled = compile_run(run)
     estimates = _estimates(load_raw(args.config, args.overrides), len(devices), tpu.chip.hbm_bytes / 1e9)
-    rooflines = None if args.no_roofline else roofline_programs(cfg, devices, tpu.chip, pages)
+    rooflines = None if args.no_roofline else roofline_programs(cfg, devices, tpu.chip, pages, replica_devices=replica)
     replicas = run.layout.num_replicas if run.layout else 1
     print("\n".join(["", *render(compiled, tpu.chip, estimates, rooflines, replicas)]))
     problems = overflow(compiled, tpu.chip)

@@ -135,11 +135,13 @@ class RunPrograms:
 
 def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = None, num_pages: int,
                  single_micro_batch: bool = False, num_scheduler_steps: int | None = None,
-                 all_buckets: bool = False) -> RunPrograms:
+                 all_buckets: bool = False, replica_devices: list | None = None) -> RunPrograms:
     """The run's programs on `devices`. `config` replaces the model's (e.g. fewer layers,
     for the roofline's per-layer costs); `num_pages` sizes each sampler's KV pool;
     `single_micro_batch` compiles the train steps with one micro-batch per mini-batch and
-    `num_scheduler_steps` overrides the decode loop (both for the roofline)."""
+    `num_scheduler_steps` overrides the decode loop (both for the roofline).
+    `replica_devices` (tp of them) are where one replica's sampler programs are compiled
+    (default: the layout's first replica; see `rljax.tpu.topology.sub_slice`)."""
     model = config or model_config(cfg)
     section, a, r = cfg.model, cfg.actor, cfg.rollout
     policy = DTypePolicy(section.param_dtype, section.compute_dtype)
@@ -216,6 +218,10 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
         ordered = sorted(devices, key=lambda d: (d.process_index, d.id))[: dp * tp]
         layout = ReplicaLayout.create(ordered, tp, dp, r.allow_cross_host_replicas)
         sampler_mesh = layout.replicas[0]
+        if replica_devices is not None:  # the same replica mesh, built by the same code, on other chips
+            sampler_mesh = ReplicaLayout.create(replica_devices, tp, 1).replicas[0]
+            notes.append(f"a replica's sampler programs are compiled on {len(replica_devices)} chips of their own "
+                         "topology (libtpu cannot compile collectives over a subset of a multi-host slice)")
         sampler_state = _abstract(params, state_shardings(params, sampler_mesh))
         targets = state_shardings(params, layout.mesh)
         handoff = jax.jit(lambda p: p, out_shardings=targets)

@@ -102,15 +102,18 @@ def roofline(program: Program, zero: Compiled, one: Compiled, layers: int, chip:
                     mfu, tokens)
 
 
-def roofline_programs(cfg, devices, chip: Chip, num_pages: int, kinds=("train", "decode")) -> list[Roofline]:
+def roofline_programs(cfg, devices, chip: Chip, num_pages: int, kinds=("train", "decode"),
+                      replica_devices: list | None = None) -> list[Roofline]:
     """Rooflines of the run's first program of each of `kinds` (the actor's train step,
     the decode step), measured on 0- and 1-layer builds of the same run."""
     from rljax.tpu.programs import model_config
 
     model = model_config(cfg)
     builds = [run_programs(cfg, devices, config=dataclasses.replace(model, num_hidden_layers=n), num_pages=num_pages,
-                           single_micro_batch=True, num_scheduler_steps=1) for n in (0, 1)]
-    full = run_programs(cfg, devices, num_pages=num_pages, single_micro_batch=True, num_scheduler_steps=1)
+                           single_micro_batch=True, num_scheduler_steps=1, replica_devices=replica_devices)
+              for n in (0, 1)]
+    full = run_programs(cfg, devices, num_pages=num_pages, single_micro_batch=True, num_scheduler_steps=1,
+                        replica_devices=replica_devices)
     out = []
     for kind in kinds:
         index = next((i for i, p in enumerate(full.programs) if p.kind == kind), None)

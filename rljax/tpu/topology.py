@@ -105,6 +105,21 @@ def parse_slice(name: str) -> Slice:
     return Slice(name, chip, topology, chips, tuple(bounds))
 
 
+_SUB_2D = {1: (1, 1), 2: (1, 2), 4: (2, 2), 8: (2, 4)}
+_SUB_3D = {1: (1, 1, 1), 2: (1, 2, 1), 4: (2, 2, 1), 8: (2, 2, 2)}
+
+
+def sub_slice(tpu: Slice, chips: int) -> Slice:
+    """A slice of `chips` chips of the same kind, laid out as a host lays them out: the
+    topology a rollout replica's programs are compiled for. libtpu fails a program with
+    collectives over a subset of a multi-host topology whose chip ids are not 0..n-1
+    (docs/design.md), while a replica's programs only ever touch its own chips."""
+    shapes = _SUB_3D if tpu.chip.dims == 3 else _SUB_2D
+    if chips not in shapes:
+        raise ValueError(f"a rollout replica of {chips} {tpu.chip.name} chips: supported sizes {sorted(shapes)}")
+    return parse_slice(f"{tpu.chip.name}:" + "x".join(str(d) for d in shapes[chips]))
+
+
 def slice_devices(tpu: Slice, num_slices: int = 1) -> list:
     """The devices of `num_slices` such slices, as libtpu describes them (no TPU needed;
     run with JAX_PLATFORMS=cpu on a host without one). Raises RuntimeError naming the

@@ -17,7 +17,7 @@ from rljax.parallel import planned_bytes, state_shardings
 from rljax.rl.config import RLConfig
 from rljax.tpu.programs import Program, default_pages, run_programs
 from rljax.tpu.report import Compiled, compile_program, overflow, roofline
-from rljax.tpu.topology import CHIPS, GiB, libtpu_available, parse_slice, slice_devices
+from rljax.tpu.topology import CHIPS, GiB, libtpu_available, parse_slice, slice_devices, sub_slice
 
 QUICKSTART = "configs/quickstart.yaml"
 QWEN_05B = ("{model_type: qwen2, vocab_size: 151936, hidden_size: 896, intermediate_size: 4864, "
@@ -42,6 +42,15 @@ needs_libtpu = pytest.mark.skipif(not libtpu_available(),
 def test_slice_names(name, topology, chips, hosts):
     tpu = parse_slice(name)
     assert (tpu.topology_name, tpu.chips, tpu.hosts) == (topology, chips, hosts)
+
+
+def test_a_replica_compiles_on_a_host_shaped_slice_of_its_size():
+    assert parse_slice("v5e-16").chips == 16
+    assert sub_slice(parse_slice("v5e-16"), 4).topology_name == "v5e:2x2"
+    assert sub_slice(parse_slice("v5p-32"), 4).topology_name == "v5p:2x2x1"
+    assert sub_slice(parse_slice("v6e-16"), 2).topology_name == "v6e:1x2"
+    with pytest.raises(ValueError, match="replica of 3"):
+        sub_slice(parse_slice("v5e-16"), 3)
 
 
 @pytest.mark.parametrize("name", ["v5p-31", "v5e-12", "v9-8", "v5p:4x4", "tpu"])
@@ -164,6 +173,26 @@ def test_hand_off_compiles_between_meshes_that_order_the_chips_differently(v5e_2
     # TPU's 128 lanes: the compiler's bytes sit between the shapes' split and the whole
     assert training < result.argument_bytes <= planned_bytes(weights, state_shardings(weights, run.layout.replicas[0]))
     assert rollout > 1.5 * training
+
+
+@needs_libtpu
+def test_a_tp4_replica_of_a_multi_host_slice_compiles_on_its_own_topology():
+    # libtpu fails collectives over chips 0, 1, 4, 5 of a v5e:4x4 (one host); the replica's programs
+    # are compiled on a v5e:2x2 instead, with the replica mesh built by the layout's own code
+    shape = ("{model_type: qwen2, vocab_size: 1024, hidden_size: 128, intermediate_size: 256, num_hidden_layers: 2, "
+             "num_attention_heads: 4, num_key_value_heads: 4, tie_word_embeddings: true}")
+    cfg = load_config(RLConfig, QUICKSTART, ["rollout.tensor_parallel_size=4", f"model.hf_config={shape}"])
+    tpu = parse_slice("v5e-16")
+    run = run_programs(cfg, slice_devices(tpu), num_pages=default_pages(cfg),
+                       replica_devices=slice_devices(sub_slice(tpu, 4)))
+    assert run.layout.num_replicas == 4 and [d.id for d in run.layout.replicas[0].devices.flat] == [0, 1, 4, 5]
+    decode = run.programs[-1]
+    assert decode.kind == "decode" and decode.mesh.shape == {"data": 1, "fsdp": 1, "tensor": 4}
+    result = compile_program(decode)
+    assert result.error is None, result.error
+    pool = decode.args[1]
+    assert pool.sharding.spec[3] == "tensor"  # 4 kv heads over the replica's 4 chips
+    assert result.alias_bytes >= 2 * planned_bytes(pool, pool.sharding)
 
 
 # ---- the command line --------------------------------------------------------------------------
