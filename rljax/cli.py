@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "export": "export",
     "bench": "bench",
     "plan": "plan",
+    "compile": "compile",
     "plot": "plot",
 }
 

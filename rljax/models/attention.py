@@ -29,7 +29,7 @@ Kernels (`get_attention(name)`):
                 Runs in Pallas interpret mode off GPU (tests).
     splash      the Pallas TPU splash-attention kernel (causal mask + `SegmentIds`,
                 grouped-query native), vmapped over the batch. Interpret mode off TPU.
-    auto        chosen at trace time by `choose_attention(jax.default_backend(), ...)`:
+    auto        chosen at trace time by `choose_attention(target_backend(), ...)`:
                 cudnn on GPU (bf16 / fp16, head_dim a multiple of 8 and <= 128, else
                 xla), splash on TPU, xla elsewhere.
 
@@ -44,8 +44,10 @@ so padded rows never poison a reduction; kernels agree on the non-padding querie
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from typing import Callable
+from typing import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -69,6 +71,28 @@ def get_attention(name: str) -> AttentionFn:
     if name not in ATTENTION_KERNELS:
         raise ValueError(f"unknown attention kernel {name!r}; choose from {sorted(ATTENTION_KERNELS)}")
     return ATTENTION_KERNELS[name]
+
+
+# ---- the platform programs are traced for ----------------------------------------------
+
+_TARGET_BACKEND: contextvars.ContextVar[str | None] = contextvars.ContextVar("rljax_target_backend", default=None)
+
+
+def target_backend() -> str:
+    """The platform the program being traced will run on: `jax.default_backend()`, unless
+    `compiling_for` says otherwise (ahead-of-time compilation for devices this process does
+    not run on, e.g. a TPU topology from a CPU host: `rljax compile`)."""
+    return _TARGET_BACKEND.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def compiling_for(platform: str) -> Iterator[None]:
+    """Trace kernels (`auto`'s choice, Pallas interpret mode) for `platform` inside the block."""
+    token = _TARGET_BACKEND.set(platform)
+    try:
+        yield
+    finally:
+        _TARGET_BACKEND.reset(token)
 
 
 # ---- masks and segment ids -------------------------------------------------------------
@@ -261,7 +285,7 @@ def pallas_gpu_attention_impl(q, k, v, segments, *, interpret: bool | None = Non
 
     segment_ids = as_segment_ids(segments)
     _check_self_attention(q, k, segment_ids)
-    interpret = jax.default_backend() != "gpu" if interpret is None else interpret
+    interpret = target_backend() != "gpu" if interpret is None else interpret
 
     def run(q, k, v, ids):
         b, t, n, d = q.shape
@@ -319,7 +343,7 @@ def splash_attention_impl(q, k, v, segments, *, interpret: bool | None = None) -
 
     segment_ids = as_segment_ids(segments)
     _check_self_attention(q, k, segment_ids)
-    interpret = jax.default_backend() != "tpu" if interpret is None else interpret
+    interpret = target_backend() != "tpu" if interpret is None else interpret
 
     def run(q, k, v, ids):
         b, t, n, d = q.shape
@@ -365,5 +389,5 @@ def auto_attention(q: jax.Array, k: jax.Array, v: jax.Array, segments: jax.Array
     """The platform's fast kernel (`choose_attention`), decided when traced."""
     square = segments.dtype != jnp.bool_ or segments.shape[1] == segments.shape[2]
     self_attention = q.shape[1] == k.shape[1] and square
-    name = choose_attention(jax.default_backend(), q.dtype, q.shape[-1], self_attention)
+    name = choose_attention(target_backend(), q.dtype, q.shape[-1], self_attention)
     return get_attention(name)(q, k, v, segments)

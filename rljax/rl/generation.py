@@ -32,14 +32,19 @@ from rljax.rollout.sampler import Sampler
 RoundFn = Callable[[dict, SamplingParams, int], ScoredRollout]  # (prompts, params, group offset)
 
 
-def make_sampler(cfg: RLConfig, decoder) -> Sampler:
+def sampler_config(cfg: RLConfig) -> SamplerConfig:
+    """The engine settings of the run's sampler(s), from the `rollout` section."""
     r = cfg.rollout
-    return Sampler(decoder, SamplerConfig(
+    return SamplerConfig(
         max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
         max_model_len=cfg.data.max_prompt_length + r.response_length,
         kv_cache=KVCacheConfig(page_size=r.page_size, num_pages=r.num_pages or None,
                                memory_fraction=r.kv_cache_memory_fraction),
-        enable_prefix_caching=r.enable_prefix_caching, seed=r.seed))
+        enable_prefix_caching=r.enable_prefix_caching, seed=r.seed)
+
+
+def make_sampler(cfg: RLConfig, decoder) -> Sampler:
+    return Sampler(decoder, sampler_config(cfg))
 
 
 def make_reward_manager(cfg: RLConfig) -> RewardManager:

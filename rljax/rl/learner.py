@@ -9,7 +9,7 @@ optimizer step each, `ppo_epochs` times.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -20,7 +20,7 @@ from rljax.models.lora import join
 from rljax.parallel import data_parallel_size
 from rljax.rl.config import RLConfig
 from rljax.train.optim import OptimConfig, make_optimizer
-from rljax.train.setup import init_sharded_train_state, place_trainable
+from rljax.train.setup import init_sharded_train_state, place_trainable, train_state_shardings
 from rljax.train.steps import TrainState, make_train_step
 
 
@@ -62,14 +62,25 @@ class Learner:
         return self.epochs * -(-rows // self.mini_batch_rows)
 
 
-def make_learner(module: nnx.Module, optim: OptimConfig, objective, totals_fn, cfg: RLConfig, mesh,
-                 mini_prompts: int, micro_per_device: int, epochs: int, shuffle: bool, keys, seed: int) -> Learner:
-    """Place `module` on the mesh, build its optimizer (scheduled over every update of the
-    run) and its jitted train step with `mini_prompts x rollout.n` row mini-batches cut in
-    micro-batches of `micro_per_device` rows per data-parallel device (0: one)."""
-    graphdef, params, base = place_trainable(module, mesh)
+@dataclass(frozen=True)
+class LearnerUpdate:
+    """The optimizer and the jitted train step of a trained module, built from its
+    params' shapes and layout only (concrete or `nnx.eval_shape` params alike), so a run
+    and ahead-of-time compilation (`rljax compile`) build the very same program."""
+
+    optimizer: Any
+    step: Callable  # step(state, mini_batch, frozen, base) -> (state, metrics), the state donated
+    state_sharding: TrainState  # of NamedShardings
+    mini_rows: int
+    micro_rows: int
+
+
+def learner_update(graphdef: nnx.GraphDef, params, optim: OptimConfig, objective, totals_fn, cfg: RLConfig, mesh,
+                   mini_prompts: int, micro_per_device: int, epochs: int) -> LearnerUpdate:
+    """The optimizer (scheduled over every update of the run) and the train step on
+    `mini_prompts x rollout.n` row mini-batches cut in micro-batches of `micro_per_device`
+    rows per data-parallel device (0: one)."""
     optimizer, schedule = make_optimizer(optim, cfg.trainer.total_steps * _updates_per_step(cfg, mini_prompts, epochs))
-    state = init_sharded_train_state(params, optimizer, seed, mesh)
     mini_rows = mini_prompts * cfg.rollout.n
     micro_rows = micro_per_device * data_parallel_size(mesh) if micro_per_device else mini_rows
     if (cfg.data.batch_size * cfg.rollout.n) % mini_rows or mini_rows % micro_rows:
@@ -77,9 +88,22 @@ def make_learner(module: nnx.Module, optim: OptimConfig, objective, totals_fn, c
             f"rows per step {cfg.data.batch_size}x{cfg.rollout.n} must be a multiple of the mini-batch "
             f"{mini_prompts}x{cfg.rollout.n} rows, itself a multiple of the micro-batch {micro_rows} rows"
         )
+    sharding = train_state_shardings(params, optimizer, mesh)
     step = make_train_step(graphdef, objective, optimizer, schedule, mini_rows // micro_rows,
-                           state_sharding=jax.tree.map(lambda x: x.sharding, state), totals_fn=totals_fn)
-    return Learner(graphdef, state, step, mini_rows, epochs, shuffle, tuple(keys), base)
+                           state_sharding=sharding, totals_fn=totals_fn)
+    return LearnerUpdate(optimizer, step, sharding, mini_rows, micro_rows)
+
+
+def make_learner(module: nnx.Module, optim: OptimConfig, objective, totals_fn, cfg: RLConfig, mesh,
+                 mini_prompts: int, micro_per_device: int, epochs: int, shuffle: bool, keys, seed: int) -> Learner:
+    """Place `module` on the mesh, build its optimizer and train step (`learner_update`,
+    over the trainable params: with LoRA the adapters and a head) and its sharded
+    TrainState; the frozen base stays beside it."""
+    graphdef, params, base = place_trainable(module, mesh)
+    update = learner_update(graphdef, params, optim, objective, totals_fn, cfg, mesh, mini_prompts,
+                            micro_per_device, epochs)
+    state = init_sharded_train_state(params, update.optimizer, seed, mesh)
+    return Learner(graphdef, state, update.step, update.mini_rows, epochs, shuffle, tuple(keys), base)
 
 
 def _updates_per_step(cfg: RLConfig, mini_prompts: int, epochs: int) -> int:

@@ -54,6 +54,13 @@ ACTOR_KEYS = ("input_ids", "attention_mask", "response_mask", "old_log_probs", "
 CRITIC_KEYS = ("input_ids", "attention_mask", "response_mask", "values", "returns")
 
 
+def actor_keys(cfg: RLConfig) -> tuple[str, ...]:
+    """The step-batch entries the actor's objective reads, as the config asks."""
+    a, corr = cfg.actor, cfg.algorithm.rollout_correction
+    return ACTOR_KEYS + (("ref_log_probs",) if a.use_kl_loss and a.kl_loss_type != FULL_KL else ()) + (
+        ("rollout_is_weights",) if corr.rollout_is is not None and not corr.bypass_mode else ())
+
+
 class RLTrainer:
     """Holds the run's pieces; `step()` runs one RL iteration, `fit()` the whole run."""
 
@@ -70,10 +77,9 @@ class RLTrainer:
         decoder = build_decoder(cfg.model, self.tokenizer, mesh=self.mesh)
         corr = alg.rollout_correction
         objective, totals = actor_objective(a, r.temperature, corr)
-        keys = ACTOR_KEYS + (("ref_log_probs",) if a.use_kl_loss and a.kl_loss_type != FULL_KL else ()) + (
-            ("rollout_is_weights",) if corr.rollout_is is not None and not corr.bypass_mode else ())
         self.actor = make_learner(decoder, a.optim, objective, totals, cfg, self.mesh, a.ppo_mini_batch_size,
-                                  a.ppo_micro_batch_size_per_device, a.ppo_epochs, a.shuffle, keys, cfg.trainer.seed)
+                                  a.ppo_micro_batch_size_per_device, a.ppo_epochs, a.shuffle, actor_keys(cfg),
+                                  cfg.trainer.seed)
         # decoupled rollout correction: weights and rejections on the step batch (bypass: in the loss)
         self.rollout_correction = (jax.jit(functools.partial(compute_rollout_correction_and_rejection_mask,
                                                              **correction_kwargs(corr)))

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from rljax.models.attention import xla_attention
+from rljax.models.attention import target_backend, xla_attention
 
 PagedAttentionFn = Callable[..., jax.Array]
 
@@ -191,6 +191,6 @@ def decode_attention(name: str, head_dim: int, page_size: int) -> PagedAttention
         return paged_attention_reference
     if name == "pallas":
         check_pallas_shapes(head_dim, page_size)
-        interpret = jax.default_backend() != "gpu"
+        interpret = target_backend() != "gpu"
         return functools.partial(paged_decode_attention_pallas, interpret=interpret)
     raise ValueError(f"unknown paged attention {name!r}; choose auto | reference | pallas")

@@ -28,6 +28,23 @@ from rljax.rollout.scheduler import StepKind, StepPlan
 from rljax.rollout.step_inputs import PACKERS
 
 
+def make_programs(graphdef: nnx.GraphDef, config: SamplerConfig, head_dim: int,
+                  on_trace: Callable[[str], Callable[[], None]] = lambda kind: lambda: None,
+                  ) -> dict[StepKind, Callable]:
+    """The jitted prefill and decode programs, `program(state, k_pool, v_pool, inputs) ->
+    (k_pool, v_pool, tokens, log_probs)` with the pools donated. `on_trace(kind)` gives the
+    callback run when a program of that kind is traced. Shared by `DeviceStep` and
+    ahead-of-time compilation (`rljax.tpu.programs`), which lowers them on abstract shapes."""
+    page_size = config.kv_cache.page_size
+    attention = decode_attention(config.attention, head_dim, page_size)
+    decode = make_decode_fn(graphdef, page_size, attention, config.num_scheduler_steps, on_trace("decode"))
+    prefill = make_prefill_fn(graphdef, page_size, paged_attention_reference, on_trace("prefill"))
+    return {
+        StepKind.PREFILL: jax.jit(prefill, donate_argnums=(1, 2)),
+        StepKind.DECODE: jax.jit(decode, donate_argnums=(1, 2)),
+    }
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one call sampled, per plan row (padding rows dropped)."""
@@ -47,14 +64,7 @@ class DeviceStep:
         self.buckets = Buckets.from_config(config)
         self.compiled_shapes: list[str] = []  # each traced program, as kind[rows x tokens, W=width]
         self._label = ""  # the shape of the call being made, for `compiled_shapes`
-        page_size = config.kv_cache.page_size
-        attention = decode_attention(config.attention, head_dim, page_size)
-        decode = make_decode_fn(graphdef, page_size, attention, config.num_scheduler_steps, self._traced("decode"))
-        prefill = make_prefill_fn(graphdef, page_size, paged_attention_reference, self._traced("prefill"))
-        self.programs: dict[StepKind, Callable] = {
-            StepKind.PREFILL: jax.jit(prefill, donate_argnums=(1, 2)),
-            StepKind.DECODE: jax.jit(decode, donate_argnums=(1, 2)),
-        }
+        self.programs = make_programs(graphdef, config, head_dim, self._traced)
 
     @classmethod
     def for_model(cls, model: Decoder, config: SamplerConfig) -> "DeviceStep":

@@ -187,6 +187,21 @@ def test_auto_dispatches_to_the_chosen_kernel(monkeypatch):
     assert calls == ["cudnn"]
 
 
+def test_auto_resolves_for_the_platform_being_compiled_for(monkeypatch):
+    """`compiling_for("tpu")` (ahead-of-time compilation from a CPU host, `rljax compile`)
+    makes `auto` pick splash and the Pallas kernels leave interpret mode; outside it the
+    process's own backend decides again."""
+    calls = []
+    monkeypatch.setitem(A.ATTENTION_KERNELS, "splash", lambda q, k, v, s: calls.append("splash") or q)
+    q, k, v = _qkv(jnp.bfloat16)
+    with A.compiling_for("tpu"):
+        assert A.target_backend() == "tpu"
+        A.auto_attention(q, k, v, _packed())
+    assert A.target_backend() == jax.default_backend() == "cpu"
+    A.auto_attention(q, k, v, _packed())  # cpu: xla
+    assert calls == ["splash"]
+
+
 @pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices")
 def test_pallas_kernel_under_a_mesh_runs_per_shard():
     """With a (data, fsdp, tensor) mesh active the Pallas call runs inside shard_map

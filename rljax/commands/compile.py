@@ -1,0 +1,85 @@
+"""`rljax compile CONFIG [key.sub=value ...] --topology v5e-16 [--num-slices N]`: compile,
+for a TPU slice, every program an RL run of CONFIG executes, without the TPU.
+
+libtpu (`pip install "jax[tpu]==<installed jax>"`) describes the slice's devices on any
+host; the run's mesh is built over them by the trainers' own code and every program (the
+train steps, the batch forwards, the sampler's prefill and decode at its largest buckets,
+the weight hand-off; `rljax.tpu.programs`) is lowered on abstract shapes and compiled for
+that TPU. Printed per program: memory per chip from the compiler next to `rljax plan`'s
+formula, and a roofline bound from the compiler's cost (`rljax.tpu.report`, an estimate).
+Exit status 1, with one line per program, when a program does not fit the chip's HBM or
+does not compile. JAX runs on the CPU here (JAX_PLATFORMS=cpu unless set).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+HELP = "Compile every program of a run for a TPU slice (no TPU needed): per-chip memory and a roofline bound."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("config", help="YAML config file of an RL run (see configs/)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. mesh.fsdp=16 rollout.tensor_parallel_size=4")
+    parser.add_argument("--topology", required=True,
+                        help="TPU slice: v5e-16, v5litepod-16, v6e-16, v5p-32 (cores), or v5e:4x4 (chips)")
+    parser.add_argument("--num-slices", type=int, default=1, help="slices of that topology (multislice; default 1)")
+    parser.add_argument("--all-buckets", action="store_true",
+                        help="compile a prefill program for every usable chunk bucket (default: the extremes)")
+    parser.add_argument("--no-roofline", action="store_true", help="skip the roofline (4 more small compiles)")
+
+
+def _estimates(raw: dict, devices: int, hbm_gb: float) -> dict[str, int]:
+    """`rljax plan`'s per-device bytes for the kinds of program it models."""
+    from rljax.commands.plan import make_plan
+
+    plan = make_plan(raw, devices=devices, device_memory_gb=hbm_gb, backend="tpu")
+    out = {"train": plan.total}
+    if plan.rollout is not None:
+        out["decode"] = out["prefill"] = plan.rollout.weights_bytes + plan.rollout.kv_bytes
+        out["handoff"] = 2 * plan.rollout.weights_bytes
+    return out
+
+
+def main(args) -> int:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from rljax.commands.plan import load_raw
+    from rljax.commands.train import kind_of
+    from rljax.config import ConfigError, load_config, validate
+    from rljax.rl.config import RLConfig
+    from rljax.tpu.programs import default_pages, run_programs
+    from rljax.tpu.report import compile_run, overflow, render, roofline_programs
+    from rljax.tpu.topology import parse_slice, slice_devices, sub_slice
+
+    if kind_of(args.config, args.overrides) != "rl":
+        raise ConfigError("rljax compile: only RL configs (trainer.algorithm grpo, ppo, ...) are compiled so far")
+    tpu = parse_slice(args.topology)
+    devices = slice_devices(tpu, args.num_slices)
+    cfg = load_config(RLConfig, args.config, args.overrides)
+    validate(cfg, num_devices=len(devices))
+    if cfg.model.lora.rank:
+        raise ConfigError("model.lora.rank: rljax compile builds full fine-tuning programs only so far; "
+                          "compile with model.lora.rank=0 for an upper bound")
+    pages = default_pages(cfg)
+    tp = cfg.rollout.tensor_parallel_size
+    replica = slice_devices(sub_slice(tpu, tp)) if 0 < tp < len(devices) else None
+    run = run_programs(cfg, devices, num_pages=pages, all_buckets=args.all_buckets, replica_devices=replica)
+    hosts = len({d.process_index for d in devices})
+    print(f"rljax compile: {args.config} for {args.num_slices} x {tpu.topology_name} ({len(devices)} chips "
+          f"{devices[0].device_kind}, {hosts} hosts; {tpu.chip.hbm_bytes / 2**30:.0f} GiB HBM per chip)")
+    print(f"mesh {dict(run.mesh.shape)}; model {run.model.model_type} {run.model.num_params() / 1e9:.2f}B params, "
+          f"{run.model.num_hidden_layers} layers; KV pool {pages} pages of {cfg.rollout.page_size} tokens"
+          + (f"; rollout {run.layout.num_replicas} replicas x tp={run.layout.tensor_parallel_size}" if run.layout
+             else ""))
+    for note in run.notes:
+        print(note)
+    compiled = compile_run(run)
+    estimates = _estimates(load_raw(args.config, args.overrides), len(devices), tpu.chip.hbm_bytes / 1e9)
+    rooflines = None if args.no_roofline else roofline_programs(cfg, devices, tpu.chip, pages, replica_devices=replica)
+    replicas = run.layout.num_replicas if run.layout else 1
+    print("\n".join(["", *render(compiled, tpu.chip, estimates, rooflines, replicas)]))
+    problems = overflow(compiled, tpu.chip)
+    for line in problems:
+        print(f"rljax compile: {line}", file=sys.stderr)
+    return 1 if problems else 0

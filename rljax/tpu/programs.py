@@ -1,0 +1,301 @@
+"""Every program an RL run executes, as (jitted function, abstract arguments) pairs.
+
+The functions are the run's own: the train step of `rljax.rl.learner.learner_update`
+(the actor's objective, and the critic's when the estimator needs values), the batch
+forwards of `rljax.rl.forwards.BatchForwards` (old / reference log-probs, exact KL,
+values), the sampler's prefill and decode programs of
+`rljax.rollout.device_step.make_programs` (one replica of the rollout layout, at the
+largest buckets the scheduler uses) and the weight hand-off's reshard. Only the
+arguments are new: `jax.ShapeDtypeStruct`s with the shardings a run gives its arrays, on
+`devices` (e.g. a TPU topology's, `rljax.tpu.topology`). Nothing is allocated.
+
+Row shapes, as the run makes them: a train step's mini-batch is `ppo_mini_batch_size x
+rollout.n` rows of `max_prompt_length + response_length` tokens (the longest bucket),
+cut in micro-batches inside the step; the forwards see the whole step batch
+(`data.train_batch_size x rollout.n` rows). Prefill: for each chunk bucket the scheduler
+can use, the most rows whose padded `[rows, chunk]` fits `max_num_batched_tokens`;
+decode: `max_num_seqs` rows (the largest bucket); both with the widest page table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from rljax.algos.registry import get_adv_estimator
+from rljax.models import DTypePolicy, ModelConfig, init_model, read_config
+from rljax.models.attention import compiling_for
+from rljax.models.heads import ScalarHeadModel
+from rljax.parallel import batch_sharding, make_mesh, replicated, state_shardings
+from rljax.rl.config import RLConfig
+from rljax.rl.forwards import BatchForwards
+from rljax.rl.generation import sampler_config
+from rljax.rl.learner import learner_update
+from rljax.rl.objectives import actor_objective, critic_objective
+from rljax.rl.trainer import CRITIC_KEYS, actor_keys
+from rljax.rollout.buckets import Buckets
+from rljax.rollout.config import SamplerConfig
+from rljax.rollout.device_step import make_programs
+from rljax.rollout.kv_cache import cache_sharding
+from rljax.rollout.replicas import ReplicaLayout
+from rljax.rollout.scheduler import StepKind
+from rljax.rollout.step_inputs import DecodeInputs, PrefillInputs, SamplingInputs
+from rljax.train.setup import load_tokenizer, model_config_from_section
+from rljax.train.steps import init_train_state
+
+_INT_KEYS = ("input_ids", "attention_mask")
+
+
+@dataclass
+class Program:
+    """One program of a run, ready to lower.
+
+    kind: train | forward | prefill | decode | handoff.
+    tokens: tokens one call processes (train / forward: rows x length; prefill: padded
+        rows x chunk; decode: rows x steps), over all its devices.
+    model_flops: matmul FLOPs of those tokens (`ModelConfig.flops_per_token`), 0 for the
+        hand-off.
+    devices: chips the program runs on (a replica's for the sampler).
+    """
+
+    name: str
+    kind: str
+    fn: Callable
+    args: tuple
+    tokens: int
+    model_flops: float
+    devices: int
+    mesh: Any  # the mesh active while it is traced (a replica's for the sampler)
+
+    def lower(self):
+        # the abstract mesh only (what `constrain` and the kernels' shard_map read): a concrete TPU mesh
+        # would send the host-side eager arrays some kernels build (splash's mask metadata) to devices
+        # this process cannot run
+        with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh), compiling_for(_platform(self.mesh)):
+            return self.fn.lower(*self.args)
+
+
+def _platform(mesh) -> str:
+    return next(iter(mesh.devices.flat)).platform
+
+
+def model_config(cfg: RLConfig) -> ModelConfig:
+    """The run's ModelConfig, as `build_decoder(weights=False)` reads it."""
+    section = cfg.model
+    if section.path:
+        return read_config(section.path)
+    tokenizer = None if "vocab_size" in section.hf_config else load_tokenizer(section)
+    return model_config_from_section(section, tokenizer)
+
+
+def _abstract(tree, shardings):
+    """ShapeDtypeStructs of `tree` (shapes) laid out by the matching `shardings`."""
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), tree, shardings)
+
+
+def _reshard_source(source: NamedSharding, target: NamedSharding) -> NamedSharding:
+    """`source`'s layout expressed over `target`'s device order, as `jax.device_put` does
+    before its reshard program when the two meshes order the same devices differently
+    (the training mesh follows the torus, the replica mesh device ids): same blocks on the
+    same devices, so the compiled program is the hand-off's. Mirrors
+    `jax._src.dispatch._different_device_order_reshard`."""
+    source_devices = list(source.mesh.devices.flat)
+    target_devices = list(target.mesh.devices.flat)
+    if source_devices == target_devices:
+        return source
+    mesh = Mesh(target.mesh.devices.reshape(source.mesh.axis_sizes), source.mesh.axis_names,
+                axis_types=source.mesh.axis_types)
+    logical = None if source.is_fully_replicated else tuple(target_devices.index(d) for d in source_devices)
+    return NamedSharding(mesh, source.spec, _logical_device_ids=logical)
+
+
+def _rows(keys, rows: int, length: int, mesh) -> dict:
+    sharding = batch_sharding(mesh)
+    return {k: jax.ShapeDtypeStruct((rows, length), jnp.int32 if k in _INT_KEYS else jnp.float32, sharding=sharding)
+            for k in keys}
+
+
+@dataclass
+class RunPrograms:
+    """The programs, plus what a report prints beside them."""
+
+    programs: list[Program]
+    mesh: Any
+    layout: ReplicaLayout | None  # the rollout replicas (rollout.tensor_parallel_size >= 1)
+    num_pages: int  # KV pages in one sampler's pool
+    model: ModelConfig
+    notes: list[str]
+
+
+def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = None, num_pages: int,
+                 single_micro_batch: bool = False, num_scheduler_steps: int | None = None,
+                 all_buckets: bool = False, replica_devices: list | None = None) -> RunPrograms:
+    """The run's programs on `devices`. `config` replaces the model's (e.g. fewer layers,
+    for the roofline's per-layer costs); `num_pages` sizes each sampler's KV pool;
+    `single_micro_batch` compiles the train steps with one micro-batch per mini-batch and
+    `num_scheduler_steps` overrides the decode loop (both for the roofline).
+    `replica_devices` (tp of them) are where one replica's sampler programs are compiled
+    (default: the layout's first replica; see `rljax.tpu.topology.sub_slice`)."""
+    model = config or model_config(cfg)
+    section, a, r = cfg.model, cfg.actor, cfg.rollout
+    policy = DTypePolicy(section.param_dtype, section.compute_dtype)
+    mesh = make_mesh(cfg.mesh, devices)
+    row = cfg.data.max_prompt_length + r.response_length
+    platform = _platform(mesh)
+    notes: list[str] = []
+
+    def decoder():
+        return init_model(model, seed=section.init_seed, policy=policy, remat=section.remat,
+                          attention=section.attention)
+
+    programs: list[Program] = []
+    # built outside `jax.set_mesh`: optax initialises placeholders eagerly, which must not target the
+    # topology's devices; the programs are traced under their mesh in `Program.lower`
+    with compiling_for(platform):
+        graphdef, params = nnx.split(nnx.eval_shape(decoder))
+        param_shardings = state_shardings(params, mesh)
+        abstract_params = _abstract(params, param_shardings)
+        reference = abstract_params if a.use_kl_loss or cfg.algorithm.use_kl_in_reward else None
+
+        def train_program(name, graph, state_params, optim, objective, totals, keys, mini, micro, epochs, frozen):
+            update = learner_update(graph, state_params, optim, objective, totals, cfg, mesh, mini,
+                                    0 if single_micro_batch else micro, epochs)
+            shapes = jax.eval_shape(lambda p: init_train_state(p, update.optimizer, cfg.trainer.seed), state_params)
+            batch = _rows(keys, update.mini_rows, row, mesh)
+            tokens = update.mini_rows * row
+            label = f"{name} train step [{update.mini_rows}x{row}, {update.mini_rows // update.micro_rows} micro]"
+            # base None: no LoRA here (the step merges the trained params alone)
+            return Program(label, "train", update.step, (_abstract(shapes, update.state_sharding), batch, frozen, None),
+                           tokens, tokens * model.flops_per_token(row), len(devices), mesh)
+
+        objective, totals = actor_objective(a, r.temperature, cfg.algorithm.rollout_correction)
+        programs.append(train_program("actor", graphdef, params, a.optim, objective, totals, actor_keys(cfg),
+                                      a.ppo_mini_batch_size, a.ppo_micro_batch_size_per_device, a.ppo_epochs,
+                                      reference))
+        critic_graph = critic_params = None
+        if get_adv_estimator(cfg.algorithm.adv_estimator).needs_critic:
+            c = cfg.critic
+            critic_graph, critic_state = nnx.split(nnx.eval_shape(
+                lambda: ScalarHeadModel(decoder(), rngs=nnx.Rngs(cfg.trainer.seed + 1))))
+            critic_params = _abstract(critic_state, state_shardings(critic_state, mesh))
+            programs.append(train_program("critic", critic_graph, critic_state, c.optim, critic_objective(c), None,
+                                          CRITIC_KEYS, c.ppo_mini_batch_size, c.ppo_micro_batch_size_per_device,
+                                          c.ppo_epochs, None))
+
+        # the step batch's forwards
+        forwards = BatchForwards.of(cfg, graphdef, critic_graph)
+        rows = cfg.data.batch_size * r.n
+        ids, mask = _rows(_INT_KEYS, rows, row, mesh).values()
+        tokens = rows * row
+        flops = tokens * model.flops_per_token(row, training=False)
+        if not forwards.reuse_rollout_log_probs or forwards.ref_log_probs:
+            users = (["old"] if not forwards.reuse_rollout_log_probs else []) + (
+                ["reference"] if forwards.ref_log_probs else [])
+            programs.append(Program(f"log-probs forward ({' + '.join(users)}) [{rows}x{row}]", "forward",
+                                    forwards.log_probs, (abstract_params, ids, mask), tokens, flops, len(devices),
+                                    mesh))
+        if forwards.full_kl is not None:
+            programs.append(Program(f"exact KL forward (policy + reference) [{rows}x{row}]", "forward",
+                                    forwards.full_kl, (abstract_params, reference, ids, mask), tokens, 2 * flops,
+                                    len(devices), mesh))
+        if forwards.values is not None:
+            programs.append(Program(f"critic values forward [{rows}x{row}]", "forward", forwards.values,
+                                    (critic_params, ids, mask), tokens, flops, len(devices), mesh))
+
+    # the sampler: one replica of the rollout layout (all replicas run the same programs)
+    sampler = sampler_config(cfg)
+    if num_scheduler_steps is not None:
+        sampler = dataclasses.replace(sampler, num_scheduler_steps=num_scheduler_steps)
+    layout = None
+    if r.tensor_parallel_size:
+        tp = r.tensor_parallel_size
+        dp = r.data_parallel_size or len(devices) // tp
+        ordered = sorted(devices, key=lambda d: (d.process_index, d.id))[: dp * tp]
+        layout = ReplicaLayout.create(ordered, tp, dp, r.allow_cross_host_replicas)
+        sampler_mesh = layout.replicas[0]
+        if replica_devices is not None:  # the same replica mesh, built by the same code, on other chips
+            sampler_mesh = ReplicaLayout.create(replica_devices, tp, 1).replicas[0]
+            notes.append(f"a replica's sampler programs are compiled on {len(replica_devices)} chips of their own "
+                         "topology (libtpu cannot compile collectives over a subset of a multi-host slice)")
+        sampler_state = _abstract(params, state_shardings(params, sampler_mesh))
+        targets = state_shardings(params, layout.mesh)
+        handoff = jax.jit(lambda p: p, out_shardings=targets)
+        sources = jax.tree.map(_reshard_source, param_shardings, targets)
+        programs.append(Program(f"weight hand-off (training layout -> {dp} replicas x tp={tp})", "handoff", handoff,
+                                (_abstract(params, sources),), 0, 0.0, len(devices), layout.mesh))
+    else:
+        sampler_mesh = mesh
+        sampler_state = abstract_params
+        notes.append("rollout.tensor_parallel_size=0: the sampler reads the trainer's arrays where they are "
+                     "(no hand-off program)")
+    programs += sampler_programs(graphdef, sampler_state, sampler, model, num_pages, sampler_mesh, policy.compute,
+                                 all_buckets)
+    return RunPrograms(programs, mesh, layout, num_pages, model, notes)
+
+
+def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model: ModelConfig, num_pages: int,
+                     mesh, compute_dtype, all_buckets: bool = False) -> list[Program]:
+    """Prefill and decode (the largest row bucket) programs, both with the widest page
+    table, on `mesh`. Prefill: for each chunk bucket a row of `max_model_len` tokens can
+    use, the most rows the token budget allows; without `all_buckets` only the first and
+    the last of these (the most rows, the longest chunk)."""
+    dtype = jnp.dtype(config.kv_cache.dtype or compute_dtype)  # as `plan_cache` sizes it
+    pool_sharding = cache_sharding(state, model.num_key_value_heads)
+    # a 0-layer build (the roofline's) still traces the layer loop's body: give it one layer of pool
+    pool_shape = (max(model.num_hidden_layers, 1), num_pages, config.kv_cache.page_size, model.num_key_value_heads,
+                  model.head_dim)
+    pool = jax.ShapeDtypeStruct(pool_shape, dtype, sharding=pool_sharding)
+    buckets = Buckets.from_config(config)
+    rep = replicated(mesh)
+    n = mesh.devices.size
+
+    def arr(shape, dt):
+        return jax.ShapeDtypeStruct(shape, dt, sharding=rep)
+
+    def sampling(b):
+        return SamplingInputs(arr((b,), jnp.float32), arr((b,), jnp.int32), arr((b,), jnp.float32),
+                              arr((b,), jnp.float32), arr((b,), jnp.uint32), arr((b, 2), jnp.uint32),
+                              arr((b,), jnp.int32))
+
+    with compiling_for(_platform(mesh)):
+        fns = make_programs(graphdef, config, model.head_dim)
+    width = buckets.width[-1]
+    out = []
+    budget = config.max_num_batched_tokens
+    # a prefill row holds at most max_model_len tokens: larger chunk buckets never run
+    usable = [c for c in buckets.chunk if c <= buckets.pad_chunk(min(config.max_model_len, buckets.chunk[-1]))]
+    shapes = [(max(b for b in buckets.rows if b * c <= budget), c) for c in usable
+              if any(b * c <= budget for b in buckets.rows)]
+    if not all_buckets:  # the extremes: the most rows, the longest chunk
+        shapes = sorted({shapes[0], shapes[-1]}, key=lambda s: s[1])
+    for b, chunk in shapes:
+        inputs = PrefillInputs(arr((b, chunk), jnp.int32), arr((b, chunk), jnp.int32), arr((b, chunk), jnp.bool_),
+                               arr((b, width), jnp.int32), arr((b,), jnp.int32), arr((b,), jnp.int32), sampling(b))
+        out.append(Program(f"prefill [{b}x{chunk}, W={width}]", "prefill", fns[StepKind.PREFILL],
+                           (state, pool, pool, inputs), b * chunk,
+                           b * chunk * model.flops_per_token(chunk, training=False), n, mesh))
+    b, steps = buckets.rows[-1], config.num_scheduler_steps
+    inputs = DecodeInputs(arr((b,), jnp.int32), arr((b,), jnp.int32), arr((b, width), jnp.int32), arr((b,), jnp.int32),
+                          sampling(b))
+    length = width * config.kv_cache.page_size
+    out.append(Program(f"decode [{b}x1 x {steps} steps, W={width}]", "decode", fns[StepKind.DECODE],
+                       (state, pool, pool, inputs), b * steps,
+                       b * steps * model.flops_per_token(length, training=False), n, mesh))
+    return out
+
+
+def default_pages(cfg: RLConfig) -> int:
+    """Pages per sampler pool: `rollout.num_pages`, else `max_num_seqs` full-length
+    sequences plus the null page (what `rljax plan` assumes)."""
+    r = cfg.rollout
+    if r.num_pages:
+        return r.num_pages
+    length = cfg.data.max_prompt_length + r.response_length
+    return r.max_num_seqs * -(-length // r.page_size) + 1
+

@@ -1,0 +1,207 @@
+"""Compiling a run's programs for a TPU on this CPU host (`rljax compile`, `rljax.tpu`).
+
+The topology and roofline arithmetic are checked everywhere; the compiles need libtpu
+(`pip install "jax[tpu]==<jax version>"`, which `.ci/run` installs) and skip, saying
+so, only when it is absent. They compile for a v5e:2x2 slice (4 chips, one host).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import pytest
+
+from rljax.config import load_config
+from rljax.parallel import planned_bytes, state_shardings
+from rljax.rl.config import RLConfig
+from rljax.tpu.programs import Program, default_pages, run_programs
+from rljax.tpu.report import Compiled, compile_program, overflow, roofline
+from rljax.tpu.topology import CHIPS, GiB, libtpu_available, parse_slice, slice_devices, sub_slice
+
+QUICKSTART = "configs/quickstart.yaml"
+QWEN_05B = ("{model_type: qwen2, vocab_size: 151936, hidden_size: 896, intermediate_size: 4864, "
+            "num_hidden_layers: 24, num_attention_heads: 14, num_key_value_heads: 2, rope_theta: 1000000.0, "
+            "tie_word_embeddings: true}")
+
+needs_libtpu = pytest.mark.skipif(not libtpu_available(),
+                                  reason="libtpu is not installed (pip install \"jax[tpu]==<jax version>\")")
+
+
+# ---- names and peaks -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, topology, chips, hosts", [
+    ("v5e-16", "v5e:4x4", 16, 4),
+    ("v5litepod-16", "v5e:4x4", 16, 4),
+    ("v6e-16", "v6e:4x4", 16, 4),
+    ("v5p-32", "v5p:2x2x4", 16, 4),  # Cloud counts v5p in TensorCores: 32 cores = 16 chips
+    ("v5e:2x2", "v5e:2x2", 4, 1),
+    ("v5e-8", "v5e:2x4", 8, 1),
+])
+def test_slice_names(name, topology, chips, hosts):
+    tpu = parse_slice(name)
+    assert (tpu.topology_name, tpu.chips, tpu.hosts) == (topology, chips, hosts)
+
+
+def test_a_replica_compiles_on_a_host_shaped_slice_of_its_size():
+    assert parse_slice("v5e-16").chips == 16
+    assert sub_slice(parse_slice("v5e-16"), 4).topology_name == "v5e:2x2"
+    assert sub_slice(parse_slice("v5p-32"), 4).topology_name == "v5p:2x2x1"
+    assert sub_slice(parse_slice("v6e-16"), 2).topology_name == "v6e:1x2"
+    with pytest.raises(ValueError, match="replica of 3"):
+        sub_slice(parse_slice("v5e-16"), 3)
+
+
+@pytest.mark.parametrize("name", ["v5p-31", "v5e-12", "v9-8", "v5p:4x4", "tpu"])
+def test_bad_slice_names(name):
+    with pytest.raises(ValueError, match="--topology"):
+        parse_slice(name)
+
+
+def test_roofline_extrapolates_layers_and_picks_the_bound():
+    chip = CHIPS["v5e"]
+    program = Program("step", "train", None, (), tokens=1000, model_flops=8 * 197e12 * 0.5, devices=8, mesh=None)
+    zero = Compiled(program, 0.0, flops=10e12, bytes_accessed=1e9)
+    one = Compiled(program, 0.0, flops=30e12, bytes_accessed=2e9)
+    r = roofline(program, zero, one, layers=4, chip=chip)
+    assert r.flops == pytest.approx(90e12) and r.bytes == pytest.approx(5e9)
+    assert r.bound == "compute" and r.seconds == pytest.approx(90e12 / 197e12)
+    # model FLOPs per chip 197e12 * 0.5 over 90 TFLOP of work at peak: MFU <= 0.5 * 197 / 90
+    assert r.mfu == pytest.approx(0.5 * 197e12 / 90e12)
+    decode = dataclasses.replace(program, kind="decode", tokens=64)
+    r = roofline(decode, Compiled(decode, 0.0, flops=1e9, bytes_accessed=1e9),
+                 Compiled(decode, 0.0, flops=2e9, bytes_accessed=3e9), layers=10, chip=chip)
+    assert r.bound == "memory" and r.seconds == pytest.approx(21e9 / 819e9)
+    assert r.tokens_per_s == pytest.approx(64 / (21e9 / 819e9))
+
+
+# ---- compiled for a TPU --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def v5e_2x2():
+    return slice_devices(parse_slice("v5e:2x2"))
+
+
+@pytest.fixture(scope="module")
+def quickstart(v5e_2x2):
+    """The quickstart's programs for v5e:2x2 with `model.attention: auto` (the TPU's
+    kernels): the actor train step, the first prefill program and the decode program,
+    compiled once."""
+    cfg = load_config(RLConfig, QUICKSTART, ["model.attention=auto"])
+    run = run_programs(cfg, v5e_2x2, num_pages=default_pages(cfg))
+    kinds = [p.kind for p in run.programs]
+    assert kinds[:2] == ["train", "forward"] and "prefill" in kinds and kinds[-1] == "decode"
+    chosen = [run.programs[0], run.programs[kinds.index("prefill")], run.programs[-1]]
+    return cfg, run, {p.kind: (p, compile_program(p)) for p in chosen}
+
+
+@needs_libtpu
+def test_quickstart_train_step_compiles_with_the_splash_kernel(quickstart):
+    cfg, run, compiled = quickstart
+    program, result = compiled["train"]
+    assert result.error is None, result.error
+    assert result.fits(CHIPS["v5e"])
+    # `attention: auto` resolved to splash for the TPU and lowered as a Mosaic kernel, not interpreted
+    text = program.lower().as_text()
+    assert "tpu_custom_call" in text and "splash" in text
+    # the donated state comes back in place: every output byte of the state is an alias
+    state_bytes = planned_bytes(program.args[0], jax.tree.map(lambda s: s.sharding, program.args[0]))
+    assert result.alias_bytes >= state_bytes > 0
+    assert result.argument_bytes >= state_bytes
+
+
+@needs_libtpu
+def test_quickstart_sampler_programs_compile(quickstart):
+    cfg, run, compiled = quickstart
+    for kind in ("prefill", "decode"):
+        program, result = compiled[kind]
+        assert result.error is None, (kind, result.error)
+        # both KV pools are donated and updated in place
+        pool = program.args[1]
+        pool_bytes = planned_bytes([pool, pool], [pool.sharding, pool.sharding])
+        assert result.alias_bytes >= pool_bytes, kind
+        assert result.flops > 0
+    assert run.notes  # tensor_parallel_size=0: no hand-off program, and the report says why
+
+
+@needs_libtpu
+def test_a_program_that_does_not_fit_is_one_line(quickstart):
+    _, _, compiled = quickstart
+    program, result = compiled["decode"]
+    tiny = dataclasses.replace(CHIPS["v5e"], name="tiny", hbm_bytes=result.peak_bytes - 1)
+    (line,) = overflow([result], tiny)
+    assert line.startswith(program.name) and "tiny has" in line and "over by" in line
+    assert overflow([result], CHIPS["v5e"]) == []
+
+
+@needs_libtpu
+def test_qwen_05b_shaped_train_step_fits_a_v5e_chip(v5e_2x2):
+    cfg = load_config(RLConfig, QUICKSTART, [f"model.hf_config={QWEN_05B}", "model.compute_dtype=bfloat16",
+                                             "model.attention=auto",
+                                             "model.remat=full", "actor.ppo_micro_batch_size_per_device=16"])
+    run = run_programs(cfg, v5e_2x2, num_pages=default_pages(cfg))
+    program = run.programs[0]
+    assert program.kind == "train" and "4 micro" in program.name
+    # tests/conftest.py sets matmul precision "highest" for the CPU oracles; Mosaic refuses bf16 matmuls
+    # at that precision ("Bad lhs type"), so the run's own default precision is restored here
+    with jax.default_matmul_precision("default"):
+        result = compile_program(program)
+    assert result.error is None, result.error
+    # params, AdamW state: fp32, 494M params split 4 ways -> 3 x 4 x 494M / 4 bytes at least
+    assert result.argument_bytes > 3 * 4 * 494e6 / 4
+    assert result.fits(CHIPS["v5e"]) and result.peak_bytes < 8 * GiB
+
+
+@needs_libtpu
+def test_hand_off_compiles_between_meshes_that_order_the_chips_differently(v5e_2x2):
+    cfg = load_config(RLConfig, QUICKSTART, ["rollout.tensor_parallel_size=2"])
+    run = run_programs(cfg, v5e_2x2, num_pages=default_pages(cfg))
+    # the training mesh follows the torus, the replicas follow device ids: jax.device_put's reorder path
+    assert [d.id for d in run.mesh.devices.flat] != [d.id for d in run.layout.mesh.devices.flat]
+    (program,) = [p for p in run.programs if p.kind == "handoff"]
+    result = compile_program(program)
+    assert result.error is None, result.error
+    # what it produces per chip: the rollout copy, split over the replica's tp=2 chips only (TPU
+    # buffers are padded to their tiles: a few KB more than the shapes say)
+    weights = program.args[0]
+    rollout = planned_bytes(weights, state_shardings(weights, run.layout.mesh))
+    training = planned_bytes(weights, state_shardings(weights, run.mesh))
+    assert result.output_bytes == pytest.approx(rollout, rel=0.02)
+    # the input is the fsdp=4 split, but a 128-wide minor dimension split 4 ways is padded back to the
+    # TPU's 128 lanes: the compiler's bytes sit between the shapes' split and the whole
+    assert training < result.argument_bytes <= planned_bytes(weights, state_shardings(weights, run.layout.replicas[0]))
+    assert rollout > 1.5 * training
+
+
+@needs_libtpu
+def test_a_tp4_replica_of_a_multi_host_slice_compiles_on_its_own_topology():
+    # libtpu fails collectives over chips 0, 1, 4, 5 of a v5e:4x4 (one host); the replica's programs
+    # are compiled on a v5e:2x2 instead, with the replica mesh built by the layout's own code
+    shape = ("{model_type: qwen2, vocab_size: 1024, hidden_size: 128, intermediate_size: 256, num_hidden_layers: 2, "
+             "num_attention_heads: 4, num_key_value_heads: 4, tie_word_embeddings: true}")
+    cfg = load_config(RLConfig, QUICKSTART, ["rollout.tensor_parallel_size=4", f"model.hf_config={shape}"])
+    tpu = parse_slice("v5e-16")
+    run = run_programs(cfg, slice_devices(tpu), num_pages=default_pages(cfg),
+                       replica_devices=slice_devices(sub_slice(tpu, 4)))
+    assert run.layout.num_replicas == 4 and [d.id for d in run.layout.replicas[0].devices.flat] == [0, 1, 4, 5]
+    decode = run.programs[-1]
+    assert decode.kind == "decode" and decode.mesh.shape == {"data": 1, "fsdp": 1, "tensor": 4}
+    result = compile_program(decode)
+    assert result.error is None, result.error
+    pool = decode.args[1]
+    assert pool.sharding.spec[3] == "tensor"  # 4 kv heads over the replica's 4 chips
+    assert result.alias_bytes >= 2 * planned_bytes(pool, pool.sharding)
+
+
+# ---- the command line --------------------------------------------------------------------------
+
+
+def test_compile_command_refuses_what_it_cannot_compile(capsys):
+    from rljax.cli import main
+
+    assert main(["compile", QUICKSTART, "--topology", "v5e-12"]) == 1
+    assert "--topology 'v5e-12': no standard v5e slice of 12 chips" in capsys.readouterr().err
+    assert main(["compile", "configs/sft_tiny.yaml", "--topology", "v5e-4"]) == 2
+    assert "only RL configs" in capsys.readouterr().err
