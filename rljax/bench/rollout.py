@@ -135,6 +135,7 @@ def _sampler_config(args, seqs: int, pages: int):
 
 def main(args) -> int:
     import jax
+    import jax.numpy as jnp
     import numpy as np
     from flax import nnx
 
@@ -201,7 +202,9 @@ def main(args) -> int:
         rollout = ReplicatedRollout(nnx.merge(graphdef, train_state), layout,
                                     lambda m: Sampler(m, _sampler_config(args, samples // dp, total_pages // dp)),
                                     args.max_tokens)
-        reports = [rollout.update_params(train_state) for _ in range(3)]  # the first may include setup
+        # each hand-off gets new arrays, as after an optimizer step (the replicas keep
+        # unchanged arrays without moving them); the first may include setup
+        reports = [rollout.update_params(jax.tree.map(jnp.copy, train_state)) for _ in range(3)]
         recorders = {r: DecodeRecorder(s.engine.device) for r, s in rollout.samplers.items()}
         by_shape: dict[str, tuple[float, int]] = {}  # the replicas' programs differ only in their devices
         start = time.perf_counter()
