@@ -58,7 +58,9 @@ def _share_programs_across_devices():
     compiler.compile_or_get_cached = one_at_a_time
 
 
-if _OWN_CACHE:
+# pytest-xdist workers inherit the controller's cache directory (shared by both workers,
+# removed by the controller) and share programs the same way.
+if _OWN_CACHE or os.environ.get("PYTEST_XDIST_WORKER"):
     _share_programs_across_devices()
 
 
