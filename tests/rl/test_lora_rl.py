@@ -41,3 +41,51 @@ def test_lora_grpo_learns_with_fresh_sampler_adapters_and_the_base_as_reference(
     diffs = [h["training/rollout_probs_diff_max"] for h in history]
     print("sampler vs trainer max |log-prob diff| per step:", diffs)
     assert max(diffs) <= 1e-5  # every step samples with the adapters of the previous update
+
+
+def test_lora_grpo_stopped_after_a_checkpoint_resumes_bit_identically(tmp_path):
+    """GRPO with adapters (dropout on, KL to the adapters-off base) stopped after its
+    step-2 checkpoint and resumed ends as the uninterrupted run: adapters, AdamW state
+    and every step-3/4 metric equal (the dropout masks follow the restored (seed, step))."""
+    import pytest
+
+    def config(name):
+        (tmp_path / name).mkdir()
+        return make_config(tmp_path / name, "trainer.total_steps=4", "trainer.save_freq=2", "rollout.n=4",
+                           "actor.ppo_mini_batch_size=4", "algorithm.adv_estimator=grpo", "actor.optim.lr=1e-2",
+                           "model.lora.rank=4", "model.lora.alpha=8", "model.lora.dropout=0.1",
+                           "model.lora.target_modules=[q_proj,down_proj]", "model.hf_config.initializer_range=0.2",
+                           "actor.use_kl_loss=true", "actor.kl_loss_coef=0.01")
+
+    straight = RLTrainer(config("straight"))
+    full = straight.fit()
+
+    stopped_cfg = config("stopped")
+    stopped = RLTrainer(stopped_cfg)
+    run_step = stopped.step
+
+    def stop_at_3():
+        if stopped.step_count == 2:  # after the step-2 checkpoint: Ctrl-C
+            raise KeyboardInterrupt
+        return run_step()
+
+    stopped.step = stop_at_3
+    with pytest.raises(KeyboardInterrupt):
+        stopped.fit()
+    resumed = RLTrainer(stopped_cfg)
+    assert resumed.step_count == 2
+    tail = resumed.fit()
+    assert [h["step"] for h in tail] == [3, 4]
+
+    for x, y in zip(jax.tree.leaves(jax.device_get(straight.actor.state)),
+                    jax.tree.leaves(jax.device_get(resumed.actor.state))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    names = {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(resumed.actor.state.params)}
+    assert names == {f"['layers']['{t}_lora_{w}'].value" for t in ("q_proj", "down_proj") for w in "ab"}
+    assert np.abs(jax.device_get(resumed.actor.state.params["layers"]["q_proj_lora_b"].get_value())).max() > 0
+    timing = ("timing", "perf/", "throughput")
+    for a, b in zip(full[2:], tail):
+        keys = sorted(k for k in a if not any(t in k for t in timing))
+        assert keys == sorted(k for k in b if not any(t in k for t in timing))
+        assert [a[k] for k in keys] == [b[k] for k in keys], [(k, a[k], b[k]) for k in keys if a[k] != b[k]]
+    assert max(h["training/rollout_probs_diff_max"] for h in full) <= 1e-5  # no dropout outside the train step
