@@ -89,3 +89,54 @@ def test_lora_grpo_stopped_after_a_checkpoint_resumes_bit_identically(tmp_path):
         assert keys == sorted(k for k in b if not any(t in k for t in timing))
         assert [a[k] for k in keys] == [b[k] for k in keys], [(k, a[k], b[k]) for k in keys if a[k] != b[k]]
     assert max(h["training/rollout_probs_diff_max"] for h in full) <= 1e-5  # no dropout outside the train step
+
+
+def base_buffers(trainer) -> set[int]:
+    """Device buffers of the rollout replicas' base weights (every non-adapter leaf)."""
+    return {shard.data.unsafe_buffer_pointer() for sampler in trainer.generation.replicas.samplers.values()
+            for path, leaf in jax.tree_util.tree_leaves_with_path(sampler.engine.state)
+            if "_lora_" not in jax.tree_util.keystr(path) for shard in leaf.addressable_shards}
+
+
+def test_lora_grpo_on_rollout_replicas_equals_the_mesh_sampler_and_hands_off_only_adapters(tmp_path):
+    """The same LoRA GRPO run sampling on the training mesh and on 4 replicas of 2
+    devices: the same tokens, metrics within 1e-5; after an update each replica gets the
+    new adapters (its base kept: the hand-off allocates at most the adapters' bytes)."""
+    out = {}
+    for name, extra in (("mesh", []), ("replicas", ["rollout.tensor_parallel_size=2"])):
+        (tmp_path / name).mkdir()
+        cfg = make_config(tmp_path / name, "trainer.total_steps=2", "algorithm.adv_estimator=grpo",
+                          "rollout.n=4", "actor.optim.lr=1e-2", "model.lora.rank=4", "model.lora.alpha=8",
+                          "model.hf_config.initializer_range=0.2", "model.hf_config.num_key_value_heads=2", *extra)
+        trainer = RLTrainer(cfg)
+        try:
+            captured = capture_batches(trainer)
+            metrics = [trainer.step()]
+            kept = base_buffers(trainer) if name == "replicas" else None
+            metrics.append(trainer.step())
+            out[name] = (captured["batch"], metrics)
+            if name == "replicas":
+                assert base_buffers(trainer) == kept  # every replica's copy of the base stays
+                replicas = trainer.generation.replicas
+                assert replicas.layout.num_replicas == 4
+                adapters = trainer.actor.state.params
+                adapter_bytes = sum(x.nbytes for x in jax.tree.leaves(adapters))
+                base_bytes = sum(x.nbytes for x in jax.tree.leaves(trainer.actor.base))
+                moved = replicas.last_hand_off.allocated_bytes  # the hand-off after the last update
+                print(f"hand-off per device: max {max(moved.values())} B; adapters {adapter_bytes} B, "
+                      f"base {base_bytes} B")
+                assert 0 < max(moved.values()) <= adapter_bytes < base_bytes
+                assert metrics[-1]["memory/update_weights_GiB"] * 2**30 <= adapter_bytes
+                whole = jax.tree.leaves(trainer.actor.params)
+                for sampler in replicas.samplers.values():  # the adapters of the last update, and the base
+                    for a, b in zip(jax.tree.leaves(sampler.engine.state), whole):
+                        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        finally:
+            trainer.close()
+    (batch_a, metrics_a), (batch_b, metrics_b) = out["mesh"], out["replicas"]
+    np.testing.assert_array_equal(batch_a["input_ids"], batch_b["input_ids"])
+    skip = ("timing", "perf/", "throughput", "memory/")
+    for a, b in zip(metrics_a, metrics_b):
+        keys = sorted(k for k in a if not any(s in k for s in skip))
+        assert keys == sorted(k for k in b if not any(s in k for s in skip))
+        np.testing.assert_allclose([a[k] for k in keys], [b[k] for k in keys], atol=1e-5, err_msg=str(keys))
