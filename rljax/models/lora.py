@@ -231,6 +231,16 @@ def join(trainable: nnx.State, frozen: nnx.State) -> nnx.State:
     return nnx.merge_state(trainable, frozen)
 
 
+def sharing_base(decoder) -> nnx.Module:
+    """A second decoder on the very arrays of `decoder`'s frozen base (no copy) with its
+    own copy of the adapters: the PPO critic's backbone, which starts from the actor's
+    base model. The base is never donated or written (`split_trainable`), so the two
+    modules read it side by side."""
+    graphdef, state = nnx.split(decoder)
+    adapters, base = split_trainable(decoder, state)
+    return nnx.merge(graphdef, jax.tree.map(jnp.copy, adapters), base)
+
+
 def merge_into_base(decoder) -> None:
     """Fold the adapters into the base weights in place: W += (alpha / r) A B, then drop
     them; `decoder` becomes a plain decoder computing the same function."""

@@ -140,3 +140,29 @@ def test_lora_grpo_on_rollout_replicas_equals_the_mesh_sampler_and_hands_off_onl
         keys = sorted(k for k in a if not any(s in k for s in skip))
         assert keys == sorted(k for k in b if not any(s in k for s in skip))
         np.testing.assert_allclose([a[k] for k in keys], [b[k] for k in keys], atol=1e-5, err_msg=str(keys))
+
+
+def test_lora_ppo_critic_reads_the_actors_base_arrays(tmp_path):
+    """PPO with LoRA: the critic starts from the actor's base model and reads its very
+    arrays (no second copy), trains its own adapters and head, and both keep working."""
+    cfg = make_config(tmp_path, "trainer.total_steps=2", "algorithm.adv_estimator=gae", "rollout.n=4",
+                      "actor.optim.lr=1e-2", "critic.optim.lr=1e-2", "critic.ppo_mini_batch_size=8",
+                      "model.lora.rank=4", "model.lora.alpha=8", "model.hf_config.initializer_range=0.2")
+    trainer = RLTrainer(cfg)
+    try:
+        actor_base = jax.tree_util.tree_leaves_with_path(trainer.actor.base)
+        critic_base = jax.tree_util.tree_leaves_with_path(trainer.critic.base)
+        assert [jax.tree_util.keystr(k) for k, _ in critic_base] == [
+            "['backbone']" + jax.tree_util.keystr(k) for k, _ in actor_base]
+        assert all(c is a for (_, c), (_, a) in zip(critic_base, actor_base))  # the same arrays
+        critic_adapters = trainer.critic.state.params["backbone"]["layers"]["q_proj_lora_a"].get_value()
+        assert critic_adapters is not trainer.actor.state.params["layers"]["q_proj_lora_a"].get_value()
+        history = [trainer.step() for _ in range(2)]
+        assert all(np.isfinite(h["critic/vf_loss"]) for h in history)
+        assert max(h["training/rollout_probs_diff_max"] for h in history) <= 1e-5
+        b = trainer.critic.state.params["backbone"]["layers"]["q_proj_lora_b"].get_value()
+        assert np.abs(jax.device_get(b)).max() > 0  # the critic's own adapters trained
+        assert all(c is a and not a.is_deleted() for (_, c), (_, a) in zip(
+            jax.tree_util.tree_leaves_with_path(trainer.critic.base), actor_base))
+    finally:
+        trainer.close()
