@@ -17,6 +17,7 @@ BENCHES: dict[str, str] = {
     "agent": "agent",
     "rollout": "rollout",
     "lora": "lora",
+    "lora_learning": "lora_learning",
 }
 
 

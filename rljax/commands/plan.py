@@ -356,7 +356,18 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
     if reference:
         plan.add(f"reference model ({policy.param_dtype}, frozen)" + (": the base, adapters off (no copy)" if lora
                                                                     else ""), reference_bytes)
-    if critic:
+    if critic and lora:  # the critic reads the actor's base arrays (`rljax.models.lora.sharing_base`)
+        from rljax.models.heads import ScalarHeadModel
+
+        critic_model = nnx.eval_shape(lambda: ScalarHeadModel(build(), rngs=nnx.Rngs(0)))
+        critic_trained, _ = split_trainable(critic_model, nnx.state(critic_model, nnx.Param))
+        critic_shardings = state_shardings(critic_trained, mesh)
+        ct_bytes = planned_bytes(critic_trained, critic_shardings)
+        co_bytes = planned_bytes(jax.eval_shape(optimizer.init, critic_trained),
+                                 optimizer_shardings(optimizer, critic_shardings, mesh))
+        plan.add("critic: adapters + head, optimizer, gradients (the actor's base: no copy)",
+                 ct_bytes + co_bytes + ct_bytes)
+    elif critic:
         plan.add("critic: params + optimizer + gradients", p_bytes + o_bytes + t_bytes)
     kernel = resolved_attention(section.attention, backend, policy.compute_dtype, cfg.head_dim)
     for remat in ("none", "save_dots", "full"):

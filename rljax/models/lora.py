@@ -21,6 +21,16 @@ runs the same pure functions, so it applies the adapters on the fly with no extr
 `layer_arrays(adapters=False)` drops them: the base model, which is the reference policy
 of DPO and of RL's KL terms (no second copy of the weights).
 
+Dropout (`lora.dropout` = p, PEFT's `lora_dropout`) acts on the input of the low-rank
+path only, and only in training forwards (PEFT: `nn.Dropout` in train mode):
+
+    y = x W + (alpha / r) * (dropout(x) A) B,     dropout(x) = x * m / (1 - p),  m ~ Bernoulli(1 - p)
+
+with an independent mask per target and layer. A forward is a training forward when the
+train step gave its decoder a key (`set_dropout_key`, from the step's key, so a resumed
+run draws the masks of the uninterrupted one); log-prob, reference, value and
+evaluation forwards and the sampler never get one, so they compute `dropout(x) = x`.
+
 Why not qwix (the JAX LoRA library Tunix uses): qwix adds adapters by intercepting the
 einsum / dot_general calls of Flax modules matched by module path. This decoder has no
 per-projection modules: one `lax.scan` over a dict of stacked arrays, shared with the
@@ -49,7 +59,11 @@ TARGETS: dict[str, int] = {
     "down_proj": 1,  # [F | E]
 }
 
+TARGET_INDEX = {target: i for i, target in enumerate(TARGETS)}  # folded into a layer's dropout key
+
 RANK_AXIS = "lora_rank"
+
+DROPOUT_STREAM = 0x4C6F5241  # purpose of the dropout keys, folded into the train step's key
 
 
 @dataclass
@@ -61,7 +75,7 @@ class LoRAConfig:
 
     rank: NonNegInt = 0  # r; 0: no adapters (full fine-tuning)
     alpha: PositiveFloat = 16.0  # the delta is scaled by alpha / rank (PEFT: lora_alpha)
-    dropout: float = 0.0  # dropout on the adapters' input; only 0 is implemented
+    dropout: float = 0.0  # p of dropout on the adapters' input, in training forwards only (PEFT: lora_dropout)
     # projections that get adapters (HF / PEFT module names)
     target_modules: list[str] = field(default_factory=lambda: list(TARGETS))
     path: str = ""  # a PEFT adapter folder to start from (adapter_config.json + adapter_model.safetensors)
@@ -75,8 +89,8 @@ class LoRAConfig:
             raise FieldError("target_modules", f"repeated names in {self.target_modules}")
         if self.rank and not self.target_modules:
             raise FieldError("target_modules", "empty: with rank > 0 at least one module gets adapters")
-        if self.dropout != 0.0:
-            raise FieldError("dropout", f"only 0.0 is implemented (got {self.dropout:g})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise FieldError("dropout", f"must be in [0, 1) (got {self.dropout:g})")
         if self.path and not self.rank:
             raise FieldError("path", "an adapter folder needs rank > 0 (set it to the folder's r)")
 
@@ -121,15 +135,52 @@ def add_adapters(decoder, config: LoRAConfig) -> None:
         setattr(layers, name_a, LoRAParam(a.astype(base.dtype), logical_axes=a_axes))
         setattr(layers, name_b, LoRAParam(jnp.zeros(b_shape, base.dtype), logical_axes=b_axes))
     decoder.lora_scale = config.scale
+    decoder.lora_dropout = config.dropout
 
 
-def add_delta(p: dict, target: str, x: jax.Array, y: jax.Array) -> jax.Array:
-    """`y + (x A) B` when one layer's arrays `p` hold adapters for `target` (B already
-    scaled by alpha / r, see `scaled`), else `y`. `x` is `[..., *in]`, `y` `[..., *out]`."""
+def dropout(x: jax.Array, key: jax.Array, rate: float) -> jax.Array:
+    """Inverted dropout, as `torch.nn.Dropout` in train mode: `x * m / (1 - rate)` with
+    `m ~ Bernoulli(1 - rate)` drawn per element of `x` from `key`."""
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
+
+
+@dataclass(frozen=True)
+class Dropout:
+    """LoRA dropout of one layer in a training forward: `key` is the layer's key; each
+    target draws its own mask from `fold_in(key, TARGET_INDEX[target])`."""
+
+    key: jax.Array
+    rate: float
+
+    def __call__(self, x: jax.Array, target: str) -> jax.Array:
+        return dropout(x, jax.random.fold_in(self.key, TARGET_INDEX[target]), self.rate)
+
+
+def set_dropout_key(module: nnx.Module, step_key: jax.Array | None) -> None:
+    """Make the next forwards of `module` (a module just merged inside the train step)
+    training forwards: every decoder in it with `lora.dropout > 0` draws its masks from
+    `fold_in(fold_in(step_key, DROPOUT_STREAM), d)` (d: the decoder's index in the graph),
+    split over its layers. `step_key` is the step's key per (seed, step, micro-batch),
+    `rljax.train.steps.step_key`. No-op without LoRA dropout or without a key."""
+    if step_key is None:
+        return
+    decoders = [node for _, node in nnx.iter_graph(module)
+                if isinstance(node, nnx.Module) and getattr(node, "lora_dropout", 0.0)]
+    for d, decoder in enumerate(decoders):
+        decoder.lora_dropout_key = jax.random.fold_in(jax.random.fold_in(step_key, DROPOUT_STREAM), d)
+
+
+def add_delta(p: dict, target: str, x: jax.Array, y: jax.Array, drop: Dropout | None = None) -> jax.Array:
+    """`y + (drop(x) A) B` when one layer's arrays `p` hold adapters for `target` (B
+    already scaled by alpha / r, see `scaled`), else `y`. `x` is `[..., *in]`, `y`
+    `[..., *out]`; `drop` (a training forward with LoRA dropout) or None: `drop(x) = x`."""
     name_a, name_b = adapter_names(target)
     if name_a not in p:
         return y
     n_in = TARGETS[target]
+    if drop is not None:
+        x = drop(x, target)
     low = jnp.tensordot(x, p[name_a], axes=n_in)  # [..., r]
     return y + jnp.tensordot(low, p[name_b], axes=1).astype(y.dtype)  # [..., *out]
 
@@ -180,6 +231,16 @@ def join(trainable: nnx.State, frozen: nnx.State) -> nnx.State:
     return nnx.merge_state(trainable, frozen)
 
 
+def sharing_base(decoder) -> nnx.Module:
+    """A second decoder on the very arrays of `decoder`'s frozen base (no copy) with its
+    own copy of the adapters: the PPO critic's backbone, which starts from the actor's
+    base model. The base is never donated or written (`split_trainable`), so the two
+    modules read it side by side."""
+    graphdef, state = nnx.split(decoder)
+    adapters, base = split_trainable(decoder, state)
+    return nnx.merge(graphdef, jax.tree.map(jnp.copy, adapters), base)
+
+
 def merge_into_base(decoder) -> None:
     """Fold the adapters into the base weights in place: W += (alpha / r) A B, then drop
     them; `decoder` becomes a plain decoder computing the same function."""
@@ -195,3 +256,4 @@ def merge_into_base(decoder) -> None:
         delattr(layers, name_a)
         delattr(layers, name_b)
     decoder.lora_scale = 0.0
+    decoder.lora_dropout = 0.0

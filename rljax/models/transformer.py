@@ -28,7 +28,7 @@ from flax import nnx
 from rljax.algos.log_probs import log_probs_from_hidden
 from rljax.models.attention import get_attention, segment_positions
 from rljax.models.config import DTypePolicy, ModelConfig, RopeConfig
-from rljax.models.lora import add_delta, scaled
+from rljax.models.lora import Dropout, add_delta, scaled
 from rljax.parallel import constrain, gather_weight
 
 # Logical axes of the residual stream (batch over data x fsdp; see rljax.parallel).
@@ -154,13 +154,14 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight * normed.astype(x.dtype)
 
 
-def attention_inputs(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, config: ModelConfig):
+def attention_inputs(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, config: ModelConfig,
+                     drop: Dropout | None = None):
     """Pre-norm, q/k/v projections (+bias), Qwen3 q/k norm, RoPE. Returns q `[B,T,N,D]`,
-    k and v `[B,T,K,D]`."""
+    k and v `[B,T,K,D]`. `drop`: LoRA dropout of a training forward (`rljax.models.lora`)."""
     h = rms_norm(x, p["attn_norm"], config.rms_norm_eps)  # [B, T, E]
-    q = add_delta(p, "q_proj", h, jnp.einsum("bte,ehd->bthd", h, p["q_proj"]))  # [B, T, N, D]
-    k = add_delta(p, "k_proj", h, jnp.einsum("bte,ehd->bthd", h, p["k_proj"]))  # [B, T, K, D]
-    v = add_delta(p, "v_proj", h, jnp.einsum("bte,ehd->bthd", h, p["v_proj"]))  # [B, T, K, D]
+    q = add_delta(p, "q_proj", h, jnp.einsum("bte,ehd->bthd", h, p["q_proj"]), drop)  # [B, T, N, D]
+    k = add_delta(p, "k_proj", h, jnp.einsum("bte,ehd->bthd", h, p["k_proj"]), drop)  # [B, T, K, D]
+    v = add_delta(p, "v_proj", h, jnp.einsum("bte,ehd->bthd", h, p["v_proj"]), drop)  # [B, T, K, D]
     if config.qkv_bias:
         q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
     if config.qk_norm:
@@ -172,20 +173,21 @@ def attention_inputs(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, conf
             constrain(v, ("batch", "length", "kv_heads", "head_dim")))
 
 
-def attention_output_and_mlp(p: dict, x: jax.Array, attn: jax.Array, config: ModelConfig) -> jax.Array:
+def attention_output_and_mlp(p: dict, x: jax.Array, attn: jax.Array, config: ModelConfig,
+                             drop: Dropout | None = None) -> jax.Array:
     """Output projection and residual, then the SwiGLU MLP and its residual: `x` `[B, T, E]`
-    and `attn` `[B, T, N, D]` -> `[B, T, E]`."""
-    out = add_delta(p, "o_proj", attn, jnp.einsum("bthd,hde->bte", attn, p["o_proj"]))  # [B, T, E]
+    and `attn` `[B, T, N, D]` -> `[B, T, E]`. `drop`: as `attention_inputs`."""
+    out = add_delta(p, "o_proj", attn, jnp.einsum("bthd,hde->bte", attn, p["o_proj"]), drop)  # [B, T, E]
     if config.out_bias:
         out = out + p["o_bias"]
     x = x + out  # [B, T, E]
     h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)  # [B, T, E]
-    gate = add_delta(p, "gate_proj", h, h @ p["gate_proj"])  # [B, T, F]
-    up = add_delta(p, "up_proj", h, h @ p["up_proj"])  # [B, T, F]
+    gate = add_delta(p, "gate_proj", h, h @ p["gate_proj"], drop)  # [B, T, F]
+    up = add_delta(p, "up_proj", h, h @ p["up_proj"], drop)  # [B, T, F]
     if config.mlp_bias:
         gate, up = gate + p["gate_bias"], up + p["up_bias"]
     act = jax.nn.silu(gate) * up  # [B, T, F]
-    down = add_delta(p, "down_proj", act, act @ p["down_proj"])  # [B, T, E]
+    down = add_delta(p, "down_proj", act, act @ p["down_proj"], drop)  # [B, T, E]
     if config.mlp_bias:
         down = down + p["down_bias"]
     return constrain(x + down, ACTIVATION)
@@ -253,6 +255,8 @@ class Decoder(nnx.Module):
         self.remat = remat
         self.attention = attention
         self.lora_scale = 0.0  # alpha / r once `rljax.models.lora.add_adapters` gave it adapters
+        self.lora_dropout = 0.0  # LoRA dropout's p (`add_adapters`)
+        self.lora_dropout_key = None  # set in the train step only (`rljax.models.lora.set_dropout_key`)
         std = config.initializer_range
         self.embed = nnx.Param(
             _init("normal", rngs.params(), (config.vocab_size, config.hidden_size), policy.param, std),
@@ -297,7 +301,8 @@ class Decoder(nnx.Module):
         adapters: bool = True,
     ) -> jax.Array:
         """Final-norm hidden states `[B, T, hidden]` in the compute dtype; with
-        `adapters=False` those of the base model (LoRA adapters off)."""
+        `adapters=False` those of the base model (LoRA adapters off). LoRA dropout acts
+        only when the train step set `lora_dropout_key` (a training forward)."""
         config = self.config
         if segment_ids is None:
             segment_ids = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
@@ -308,17 +313,23 @@ class Decoder(nnx.Module):
         attend = get_attention(self.attention)
         axes = self.layers.axes()
 
-        def block(x, p):
+        key = self.lora_dropout_key if adapters and self.lora_dropout else None
+        layer_keys = None if key is None else jax.random.split(key, config.num_hidden_layers)  # [L]
+
+        def block(x, xs):
+            p, layer_key = xs
+            drop = None if layer_key is None else Dropout(layer_key, self.lora_dropout)
             # FSDP: gather this layer's weights right before use; pin the residual's layout
             p = {name: gather_weight(w, axes[name]) for name, w in p.items()}
             x = constrain(x, ACTIVATION)  # [B, T, E]
-            q, k, v = attention_inputs(p, x, cos, sin, config)  # [B, T, N, D], [B, T, K, D] x 2
-            return attention_output_and_mlp(p, x, attend(q, k, v, segment_ids), config), None
+            q, k, v = attention_inputs(p, x, cos, sin, config, drop)  # [B, T, N, D], [B, T, K, D] x 2
+            return attention_output_and_mlp(p, x, attend(q, k, v, segment_ids), config, drop), None
 
         policy = REMAT_POLICIES[self.remat]
         if self.remat != "none":
             block = jax.checkpoint(block, policy=policy, prevent_cse=False)
-        x, _ = jax.lax.scan(block, self.embed_tokens(input_ids), self.layer_arrays(adapters))  # [B, T, E]
+        xs = (self.layer_arrays(adapters), layer_keys)
+        x, _ = jax.lax.scan(block, self.embed_tokens(input_ids), xs)  # [B, T, E]
         return self.final_hidden(x)
 
     def logits(self, hidden: jax.Array) -> jax.Array:

@@ -34,6 +34,7 @@ from rljax.algos.rollout_correction import compute_rollout_correction_and_reject
 from rljax.checkpoint import abstract_like
 from rljax.data import make_dataset
 from rljax.models.heads import ScalarHeadModel
+from rljax.models.lora import sharing_base
 from rljax.parallel import make_mesh, state_shardings
 from rljax.rl.agent_rollout import agent_config
 from rljax.rl.batch import build_batch
@@ -91,8 +92,10 @@ class RLTrainer:
         self.estimator = get_adv_estimator(alg.adv_estimator)
         self.critic = None
         if self.estimator.needs_critic:
-            critic_module = ScalarHeadModel(build_decoder(cfg.model, self.tokenizer, mesh=self.mesh),
-                                            rngs=nnx.Rngs(cfg.trainer.seed + 1))
+            # the critic starts from the actor's model; with LoRA it reads the actor's base arrays (no copy)
+            backbone = (sharing_base(decoder) if cfg.model.lora.enabled
+                        else build_decoder(cfg.model, self.tokenizer, mesh=self.mesh))
+            critic_module = ScalarHeadModel(backbone, rngs=nnx.Rngs(cfg.trainer.seed + 1))
             c = cfg.critic
             self.critic = make_learner(critic_module, c.optim, critic_objective(c), None, cfg, self.mesh,
                                        c.ppo_mini_batch_size, c.ppo_micro_batch_size_per_device, c.ppo_epochs,

@@ -13,7 +13,9 @@ it. It is derived from the state, never drawn from a global seed:
 
 for micro-batch m of the optimizer step `state.step`, so every step and every micro-batch
 draws fresh noise, and a resumed run (its `TrainState` restored: rng and step) draws
-exactly the noise the uninterrupted run draws. `state.rng` itself never changes.
+exactly the noise the uninterrupted run draws. `state.rng` itself never changes. LoRA
+dropout's masks derive from the same key (`rljax.models.lora.set_dropout_key`): the
+train step's forwards are the only training forwards.
 
 The step splits the global mini-batch into `num_micro_batches`, scans over them
 accumulating the gradient of the numerator, the numerator and the denominator, and divides
@@ -40,6 +42,7 @@ import optax
 from flax import nnx, struct
 
 from rljax.algos.aggregation import AggTerms
+from rljax.models.lora import set_dropout_key
 
 # objective(model, micro_batch, frozen, totals, key) -> (AggTerms, metrics)
 Objective = Callable[[nnx.Module, dict, Any, Any, jax.Array], tuple[AggTerms, dict]]
@@ -104,6 +107,7 @@ def make_train_step(
     def micro_step(params, micro_batch, frozen, totals, key, base):
         def numerator(p):
             model = nnx.merge(graphdef, p) if base is None else nnx.merge(graphdef, p, base)
+            set_dropout_key(model, key)  # a training forward: LoRA dropout on (if configured)
             terms, metrics = objective(model, micro_batch, frozen, totals, key)
             return terms.numerator, (terms.denominator, metrics)
 

@@ -12,7 +12,8 @@ from flax import nnx
 from transformers import AutoModelForCausalLM
 
 from rljax.models import load_hf
-from rljax.models.lora import LoRAConfig, add_adapters, merge_into_base, split_trainable
+from rljax.models.lora import TARGET_INDEX, Dropout, LoRAConfig, add_adapters, add_delta, dropout, merge_into_base, \
+    split_trainable
 from rljax.models.lora_peft import load_peft_adapters, save_peft_adapters
 from tests.models.hf_fixtures import build_hf_model, hf_logits, padded_batch
 
@@ -110,7 +111,7 @@ def test_config_errors_and_a_reward_model_trains_adapters_and_its_head():
     sft = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                        "configs", "sft_tiny.yaml")
     for overrides, message in ((["model.lora.target_modules=[q_proj,qkv]"], "unknown module 'qkv'"),
-                               (["model.lora.rank=4", "model.lora.dropout=0.1"], "dropout: only 0.0"),
+                               (["model.lora.rank=4", "model.lora.dropout=1.0"], "dropout: must be in \\[0, 1\\)"),
                                (["model.lora.path=/x"], "needs rank > 0")):
         with pytest.raises(ConfigError, match=message):
             load_config(RunConfig, sft, overrides)
@@ -122,3 +123,66 @@ def test_config_errors_and_a_reward_model_trains_adapters_and_its_head():
     assert sorted(jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(trainable)) == [
         "['backbone']['layers']['q_proj_lora_a'].value", "['backbone']['layers']['q_proj_lora_b'].value",
         "['score'].value"]
+
+
+class _FixedMask(torch.nn.Module):
+    """Stands in for PEFT's `lora_dropout` module: multiplies by a given `m / (1 - p)`."""
+
+    def __init__(self, scaled_mask: np.ndarray):
+        super().__init__()
+        self.scaled_mask = torch.tensor(scaled_mask)
+
+    def forward(self, x):
+        return x * self.scaled_mask
+
+
+def test_lora_dropout_is_on_the_branch_input_as_peft_and_inverted():
+    """`lora.dropout`: PEFT's lora.Linear in train mode computes W x + s B(A(dropout(x)));
+    given our mask in place of its `nn.Dropout`, it must give our `add_delta`."""
+    rate, rank, alpha = 0.4, 3, 6.0
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 5, 12)).astype(np.float32)  # [B, T, in]
+    key = jax.random.key(7)
+    # the mask by hand: every entry of dropout(x) is 0 or x / (1 - p), kept with frequency 1 - p
+    dropped = np.asarray(dropout(jnp.asarray(x), key, rate))
+    keep = dropped != 0
+    np.testing.assert_allclose(dropped[keep], x[keep] / (1 - rate), rtol=1e-6)
+    assert abs(keep.mean() - (1 - rate)) < 0.1, keep.mean()
+    big = np.asarray(dropout(jnp.ones((200, 200)), key, rate)) != 0
+    assert abs(big.mean() - (1 - rate)) < 0.01
+
+    for target, out_shape in (("q_proj", (2, 4)), ("down_proj", (8,))):
+        w = rng.normal(size=(12, *out_shape)).astype(np.float32)  # [in, *out]
+        a = rng.normal(size=(12, rank)).astype(np.float32)
+        b = rng.normal(size=(rank, *out_shape)).astype(np.float32)
+        out = int(np.prod(out_shape))
+        layer = torch.nn.Sequential()
+        layer.add_module(target, torch.nn.Linear(12, out, bias=False))
+        peft_layer = peft.inject_adapter_in_model(
+            peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=rate, target_modules=[target]), layer)
+        lora_linear = getattr(peft_layer, target)
+        with torch.no_grad():
+            lora_linear.base_layer.weight.copy_(torch.tensor(w.reshape(12, out).T))
+            lora_linear.lora_A["default"].weight.copy_(torch.tensor(a.T))
+            lora_linear.lora_B["default"].weight.copy_(torch.tensor(b.reshape(rank, out).T))
+        p = {target: jnp.asarray(w), f"{target}_lora_a": jnp.asarray(a),
+             f"{target}_lora_b": jnp.asarray(b) * (alpha / rank)}  # B scaled as `scaled` hands it over
+        base_y = jnp.tensordot(jnp.asarray(x), p[target], axes=1)
+        drop = Dropout(key, rate)
+        ours = np.asarray(add_delta(p, target, jnp.asarray(x), base_y, drop)).reshape(2, 5, out)
+        mask = np.asarray(dropout(jnp.ones(x.shape), jax.random.fold_in(key, TARGET_INDEX[target]), rate))
+        torch_dropout = lora_linear.lora_dropout["default"]
+        assert isinstance(torch_dropout, torch.nn.Dropout) and torch_dropout.p == rate
+        lora_linear.lora_dropout["default"] = _FixedMask(mask)
+        with torch.no_grad():
+            ref = peft_layer.train()(torch.tensor(x)).numpy()
+        lora_linear.lora_dropout["default"] = torch_dropout
+        np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+        # a direct formula: y = x W + (alpha / r) ((x * m / (1 - p)) A) B
+        direct = x @ w.reshape(12, out) + (alpha / rank) * ((x * mask) @ a) @ b.reshape(rank, out)
+        np.testing.assert_allclose(ours, direct, rtol=1e-5, atol=1e-5)
+        # no `drop` (every forward but the train step's): PEFT in eval mode, no dropout
+        plain = np.asarray(add_delta(p, target, jnp.asarray(x), base_y)).reshape(2, 5, out)
+        with torch.no_grad():
+            np.testing.assert_allclose(plain, peft_layer.eval()(torch.tensor(x)).numpy(), rtol=1e-5, atol=1e-5)
+        assert np.abs(plain - ours).max() > 1e-2

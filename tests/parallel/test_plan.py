@@ -119,3 +119,19 @@ def test_plan_without_replicas_and_estimator_specs():
     with pytest.raises(SystemExit, match=r"tensor_parallel_size=3 does not fit the 8 devices"):
         cli_main(["plan", TINY.replace("sft_tiny.yaml", "gsm8k_qwen2.5_0.5b_grpo.yaml"),
                   f"model.hf_config={TINY_MODEL}", "rollout.tensor_parallel_size=3", "--devices", "8"])
+
+
+def test_plan_lora_critic_shares_the_actors_base():
+    """PPO with LoRA, one device: the critic adds its adapters and head (hidden floats),
+    their AdamW moments and gradients; no second base (the trainer shares its arrays,
+    tests/rl/test_lora_rl.py)."""
+    plan = make_plan(rollout_raw("algorithm.adv_estimator=gae", "model.lora.rank=4"), devices=1)
+    names = dict(plan.rows)
+    adapters = names["gradients (accumulator + one micro-batch's) (adapters only)"] // 2
+    adam = names["optimizer state (AdamW mu + nu) (adapters only)"]
+    head = 64 * 4  # score [hidden] in float32
+    critic = names["critic: adapters + head, optimizer, gradients (the actor's base: no copy)"]
+    assert critic == (adapters + head) + (adam + 2 * head) + (adapters + head)
+    assert critic < names["params (float32) (frozen base + adapters)"]
+    full = dict(make_plan(rollout_raw("algorithm.adv_estimator=gae"), devices=1).rows)
+    assert full["critic: params + optimizer + gradients"] > full["params (float32)"]  # full fine-tuning: its own

@@ -140,3 +140,62 @@ def test_only_the_configured_adapters_train_the_base_stays_bit_identical_and_8_d
     (losses8, adapters8), (losses1, adapters1) = results
     np.testing.assert_allclose(losses8, losses1, atol=1e-5)
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), adapters8, adapters1)
+
+
+def test_lora_dropout_acts_in_the_train_step_only_with_the_steps_key():
+    """`model.lora.dropout`: the train step's forward drops (its loss differs from p = 0),
+    the same (seed, step) draws the same masks, another step or seed others; every other
+    forward (log-probs, the adapters-off reference, even under a train-step key) has none."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from rljax.models import ModelConfig, init_model
+    from rljax.models.lora import add_adapters, set_dropout_key, split_trainable
+    from rljax.train.steps import init_train_state
+
+    config = ModelConfig(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    decoder = init_model(config)
+    add_adapters(decoder, LoRAConfig(rank=4, alpha=8.0, dropout=0.3, target_modules=["q_proj", "down_proj"]))
+    for i, (name, var) in enumerate(sorted(decoder.layers.variables().items())):
+        if name.endswith("_lora_b"):  # B != 0, else the adapters (and their dropout) change nothing
+            var[...] = 0.2 * jax.random.normal(jax.random.key(i), var.shape, var.dtype)
+    params, base = split_trainable(decoder)
+    dropping = nnx.graphdef(decoder)
+    decoder.lora_dropout = 0.0
+    plain = nnx.graphdef(decoder)
+    ids = jax.random.randint(jax.random.key(1), (4, 16), 0, 64)
+    batch = {"input_ids": ids, "positions": jnp.broadcast_to(jnp.arange(16), (4, 16)),
+             "segment_ids": jnp.ones((4, 16), jnp.int32), "loss_mask": jnp.ones((4, 16)).at[:, 0].set(0.0)}
+    optimizer, schedule = make_optimizer(OptimConfig(lr=1e-2, weight_decay=0.0), 3)
+
+    train_step = make_train_step(dropping, sft_objective(), optimizer, schedule)
+
+    def run(seed=0, step=0):
+        state = init_train_state(jax.tree.map(jnp.copy, params), optimizer, seed).replace(step=jnp.int32(step))
+        state, m = train_step(state, batch, None, base)
+        return float(m["train/loss"]), jax.device_get(state.params)
+
+    (loss, trained), (again, trained_again) = run(), run()
+    assert loss == again  # the masks are a function of (seed, step, micro-batch): bit-identical
+    jax.tree.map(np.testing.assert_array_equal, trained, trained_again)
+    others = {run(seed=1)[0], run(step=1)[0]}
+    assert loss not in others and len(others) == 2
+
+    @jax.jit
+    def forwards(p, key):
+        outside = nnx.merge(dropping, p, base).token_log_probs(ids)  # a log-prob forward: no key
+        model = nnx.merge(dropping, p, base)
+        set_dropout_key(model, key)  # as in the train step
+        without = nnx.merge(plain, p, base)  # the same adapters, p = 0
+        return (outside, model.token_log_probs(ids, adapters=False), model.token_log_probs(ids),
+                without.token_log_probs(ids), without.token_log_probs(ids, adapters=False))
+
+    outside, ref_in_step, train_forward, expected, expected_ref = forwards(params, jax.random.key(3))
+    np.testing.assert_array_equal(np.asarray(outside), np.asarray(expected))
+    np.testing.assert_array_equal(np.asarray(ref_in_step), np.asarray(expected_ref))
+    assert np.abs(np.asarray(train_forward) - np.asarray(expected)).max() > 1e-3
+    mask = np.asarray(batch["loss_mask"])
+    no_dropout = float(-(np.asarray(expected) * mask).sum() / mask.sum())  # the SFT loss at p = 0
+    print(f"loss with dropout 0.3: {loss:.5f}, without: {no_dropout:.5f}")
+    assert abs(loss - no_dropout) > 1e-4
