@@ -72,10 +72,13 @@ class HandOffCache:
     outputs: dict[int, list] = field(default_factory=dict)
 
     def reusable(self, leaves: list, replicas: tuple[int, ...]) -> list[bool]:
-        """Per leaf: the same array as last time's source (and every replica has its copy)."""
+        """Per leaf: the same array as last time's source, and every replica still holds
+        its copy (a replica's copy can be a view of the source's buffers, deleted when a
+        train step donates that source)."""
         if len(leaves) != len(self.sources) or any(r not in self.outputs for r in replicas):
             return [False] * len(leaves)
-        return [x is y for x, y in zip(leaves, self.sources)]
+        return [x is y and not any(self.outputs[r][i].is_deleted() for r in replicas)
+                for i, (x, y) in enumerate(zip(leaves, self.sources))]
 
 
 def hand_off(params: nnx.State, layout: ReplicaLayout, replicas: Sequence[int] | None = None,
@@ -117,9 +120,12 @@ class HandOffReport:
 
 
 def _buffers(tree) -> dict[tuple[int, int], int]:
-    """(device id, buffer address) -> bytes, over every addressable shard of `tree`."""
+    """(device id, buffer address) -> bytes, over every addressable shard of `tree`'s live
+    arrays (a donated array holds no buffer)."""
     out = {}
     for leaf in jax.tree.leaves(tree):
+        if leaf.is_deleted():
+            continue
         for shard in leaf.addressable_shards:
             out[(shard.device.id, shard.data.unsafe_buffer_pointer())] = shard.data.nbytes
     return out

@@ -12,6 +12,6 @@ CONFIG = ModelConfig(model_type="llama", vocab_size=128, hidden_size=64, interme
                      num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8, head_dim=8)
 
 
-def numbered_params() -> nnx.State:
-    abstract = nnx.state(abstract_model(CONFIG))
+def numbered_params(config: ModelConfig = CONFIG) -> nnx.State:
+    abstract = nnx.state(abstract_model(config))
     return jax.tree.map(lambda s: jnp.arange(s.size, dtype=s.dtype).reshape(s.shape), abstract)

@@ -3,6 +3,7 @@ memory with the source's exact values; a replica's device holds 1/tp of every sp
 weight; nothing is copied where the layouts coincide; the report counts what was
 allocated, per device, from the arrays' shards."""
 
+import dataclasses
 import math
 
 import jax
@@ -11,10 +12,10 @@ import pytest
 from flax import nnx
 
 from rljax.parallel import MeshConfig, make_mesh, measured_bytes, state_shardings
-from rljax.rollout.handoff import hand_off, timed_hand_off
+from rljax.rollout.handoff import HandOffCache, hand_off, timed_hand_off
 from rljax.rollout.replicas import ReplicaLayout
 
-from .replica_fixtures import numbered_params
+from .replica_fixtures import CONFIG, numbered_params
 
 SPLIT_AXES = {"vocab", "mlp", "heads", "kv_heads"}  # what tensor parallelism splits
 
@@ -116,3 +117,26 @@ def test_a_sampler_on_a_replica_samples_the_single_device_tokens(llama, roomy_sa
         assert sampler.engine.device.pool.k.sharding.spec[3] == "tensor"
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     np.testing.assert_allclose([c.log_probs for c in got], [c.log_probs for c in want], atol=1e-5)
+
+
+def test_a_donated_source_does_not_break_the_next_hand_off():
+    """Replicas on 2 of the 8 training devices (tp=1, dp=2): a leaf the training layout
+    replicates (qwen2's q/k/v biases: no fsdp axis) is handed off as views of the
+    training buffers on devices 0 and 1. The train step then donates (deletes) them; the
+    next hand-off must neither read those dead arrays nor reuse them, and must deliver
+    the new values. (A quickstart run with rollout.tensor_parallel_size=1
+    rollout.data_parallel_size=2 stopped at step 1 on exactly this.)"""
+    params = numbered_params(dataclasses.replace(CONFIG, model_type="qwen2", qkv_bias=True))
+    assert any(leaf.ndim == 3 and leaf.shape[1:] == (8, 8) for leaf in jax.tree.leaves(params))  # biases
+    layout = ReplicaLayout.create(jax.devices()[:2], tensor_parallel_size=1, data_parallel_size=2)
+    expected = [np.asarray(leaf) + 1 for leaf in jax.tree.leaves(params)]
+    cache = HandOffCache()
+    train = training_layout(params, jax.devices(), fsdp=8)
+    timed_hand_off(train, layout, cache=cache)
+    step = jax.jit(lambda tree: jax.tree.map(lambda x: x + 1, tree), donate_argnums=0)
+    train = step(train)  # the old arrays (and any replica view of them) are deleted
+    out, report = timed_hand_off(train, layout, cache=cache)
+    for replica in out:
+        for got, want in zip(jax.tree.leaves(replica), expected):
+            np.testing.assert_array_equal(np.asarray(got), want)
+    assert set(report.allocated_bytes) == {0, 1}
