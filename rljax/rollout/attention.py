@@ -2,7 +2,7 @@
 
 Every function here takes
   q            `[B, T, N, D]`   queries of the tokens being computed this step,
-  k_cache      `[L, P, S, K, D]` the whole key pool (all layers), v_cache likewise,
+  k_cache      `[K, L, P, S, D]` the whole key pool (all layers), v_cache likewise,
   layer        int32 scalar      which layer's pages to read,
   page_table   `[B, W]` int32    each row's pages in order (unused entries: page 0),
   q_positions  `[B, T]` int32    the position of every query token,
@@ -33,10 +33,11 @@ PagedAttentionFn = Callable[..., jax.Array]
 
 
 def _layer_pages(cache: jax.Array, layer: jax.Array, page_table: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The pool viewed as `[L*P, S, K, D]` (a free reshape) and page ids offset into
-    `layer`'s block, so one gather reads a layer's pages without slicing the layer out."""
-    num_layers, num_pages = cache.shape[:2]
-    flat = cache.reshape(num_layers * num_pages, *cache.shape[2:])
+    """The pool `[K, L, P, S, D]` viewed as `[K, L*P, S, D]` (a free reshape) and page ids
+    offset into `layer`'s block (`layer * P + page`), so a layer's pages are read without
+    slicing the layer out."""
+    kv_heads, num_layers, num_pages = cache.shape[:3]
+    flat = cache.reshape(kv_heads, num_layers * num_pages, *cache.shape[3:])
     return flat, page_table + layer.astype(page_table.dtype) * num_pages
 
 
@@ -44,8 +45,9 @@ def gather_kv(cache: jax.Array, layer: jax.Array, page_table: jax.Array) -> jax.
     """A dense `[B, W*S, K, D]` view of each row's cached keys (or values)."""
     flat, ids = _layer_pages(cache, layer, page_table)
     b, w = page_table.shape
-    pages = flat[ids]  # [B, W, S, K, D]
-    return pages.reshape(b, w * flat.shape[1], *flat.shape[2:])
+    pages = flat[:, ids]  # [K, B, W, S, D]
+    kv_heads, _, _, s, d = pages.shape
+    return pages.transpose(1, 2, 3, 0, 4).reshape(b, w * s, kv_heads, d)
 
 
 def paged_attention_reference(
@@ -147,7 +149,7 @@ def paged_decode_attention_pallas(
         raise ValueError(f"the Pallas kernel handles decode steps (T == 1), got T={t}")
     flat_k, ids = _layer_pages(k_cache, layer, page_table)
     flat_v, _ = _layer_pages(v_cache, layer, page_table)
-    total_pages, page_size, kv_heads, _ = flat_k.shape
+    kv_heads, total_pages, page_size, _ = flat_k.shape
     groups = n // kv_heads
     g_pad = max(_MIN_BLOCK, pl.next_power_of_2(groups))
     qh = q.reshape(b, kv_heads, groups, d)
@@ -157,7 +159,7 @@ def paged_decode_attention_pallas(
     ids = ids.astype(jnp.int32)
     width = -(-ids.shape[1] // pages_per_block) * pages_per_block
     if width != ids.shape[1]:  # pad with each layer's null page so blocks divide the table
-        null = (layer * k_cache.shape[1]).astype(jnp.int32)
+        null = (layer * k_cache.shape[2]).astype(jnp.int32)
         ids = jnp.concatenate([ids, jnp.full((b, width - ids.shape[1]), null, jnp.int32)], axis=1)
     kernel = functools.partial(_decode_kernel, pages_per_block=pages_per_block, scale=d**-0.5, dot=plgpu.dot)
     out = pl.pallas_call(
@@ -165,8 +167,8 @@ def paged_decode_attention_pallas(
         grid=(b, kv_heads),
         in_specs=[
             pl.BlockSpec((None, None, g_pad, d), lambda i, h: (i, h, 0, 0)),
-            pl.BlockSpec((total_pages, page_size, None, d), lambda i, h: (0, 0, h, 0)),
-            pl.BlockSpec((total_pages, page_size, None, d), lambda i, h: (0, 0, h, 0)),
+            pl.BlockSpec((None, total_pages, page_size, d), lambda i, h: (h, 0, 0, 0)),
+            pl.BlockSpec((None, total_pages, page_size, d), lambda i, h: (h, 0, 0, 0)),
             pl.BlockSpec((None, width), lambda i, h: (i, 0)),
             pl.BlockSpec((None, 1), lambda i, h: (i, 0)),
         ],

@@ -17,7 +17,8 @@ ON_GPU = jax.default_backend() == "gpu"
 
 def scattered(seed: int, lengths: list[int], width: int):
     """Random dense keys / values per row, written into random distinct pages of a
-    pool whose other pages hold garbage. Returns pools, page table, dense k / v."""
+    pool whose other pages hold garbage. Returns pools `[K, L, P, S, D]`, page table,
+    dense k / v `[L, B, W*S, K, D]`."""
     rng = np.random.default_rng(seed)
     k_pool = rng.normal(size=(L, P, S, K, D)).astype(np.float32)
     v_pool = rng.normal(size=(L, P, S, K, D)).astype(np.float32)
@@ -31,6 +32,8 @@ def scattered(seed: int, lengths: list[int], width: int):
             table[b, j] = page
             k_pool[:, page] = k_dense[:, b, j * S:(j + 1) * S]
             v_pool[:, page] = v_dense[:, b, j * S:(j + 1) * S]
+    # the engine's layout: kv-heads-major [K, L, P, S, D]
+    k_pool, v_pool = np.moveaxis(k_pool, 3, 0), np.moveaxis(v_pool, 3, 0)
     return jnp.asarray(k_pool), jnp.asarray(v_pool), jnp.asarray(table), k_dense, v_dense
 
 
@@ -73,8 +76,8 @@ def test_pallas_kernel_lowers_to_triton_for_cuda():
     """Pallas -> Triton lowering runs without a GPU (export for the cuda platform); the
     Triton -> PTX compile and the run itself need one (the test above, on a GPU)."""
     sd = jax.ShapeDtypeStruct
-    args = (sd((4, 1, 8, 64), jnp.bfloat16), sd((2, 24, 16, 2, 64), jnp.bfloat16),
-            sd((2, 24, 16, 2, 64), jnp.bfloat16), sd((), jnp.int32), sd((4, 8), jnp.int32),
+    args = (sd((4, 1, 8, 64), jnp.bfloat16), sd((2, 2, 24, 16, 64), jnp.bfloat16),
+            sd((2, 2, 24, 16, 64), jnp.bfloat16), sd((), jnp.int32), sd((4, 8), jnp.int32),
             sd((4, 1), jnp.int32), sd((4,), jnp.int32))
     fn = jax.jit(functools.partial(paged_decode_attention_pallas, interpret=False))
     exported = jax.export.export(
