@@ -264,7 +264,7 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
                               arr((b,), jnp.int32))
 
     with compiling_for(_platform(mesh)):
-        fns = make_programs(graphdef, config, model.head_dim)
+        fns = make_programs(graphdef, config, model.head_dim, pool_sharding=pool_sharding)
     width = buckets.width[-1]
     out = []
     budget = config.max_num_batched_tokens
