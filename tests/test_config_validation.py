@@ -75,6 +75,7 @@ INVALID = [
     ("rl", ["rollout.top_p=1.5"], r"^rollout\.top_p: must be <= 1"),
     ("rl", ["rollout.min_p=2"], r"^rollout\.min_p: must be <= 1"),
     ("rl", ["rollout.top_k=-2"], r"^rollout\.top_k: must be >= -1"),
+    ("rl", ["rollout.attention=flash"], r"^rollout\.attention: expected one of .*'pallas_tpu'\], got 'flash'"),
     ("rl", ["rollout.num_pages=1"], r"^rollout\.num_pages: 0 \(automatic\) or >= 2"),
     ("rl", ["rollout.page_size=0"], r"^rollout\.page_size: must be >= 1"),
     ("rl", ["rollout.max_num_seqs=0"], r"^rollout\.max_num_seqs: must be >= 1"),

@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "more peaked, more trained-like next-token distributions")
     p.add_argument("--dtypes", default="bfloat16", help="comma-separated model dtypes (params and compute)")
     p.add_argument("--attention", default="xla,auto", help="comma-separated trainer attention kernels")
-    p.add_argument("--sampler-attention", default="auto", choices=["auto", "reference", "pallas"])
+    p.add_argument("--sampler-attention", default="auto", choices=["auto", "reference", "pallas", "pallas_tpu"])
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--n", type=int, default=4, help="samples per prompt")
     p.add_argument("--prompt-len", type=int, default=64)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from rljax.config import Bounds, FieldError, NonNegFloat, NonNegInt, OpenUnitFloat, PositiveInt, UnitFloat
+from rljax.rollout.config import Attention
 
 TopK = Annotated[int, Bounds(ge=-1)]  # -1 / 0: off
 
@@ -39,6 +40,9 @@ class RolloutConfig:
     # fraction of free device memory given to the KV pool (verl: gpu_memory_utilization, of total memory)
     kv_cache_memory_fraction: OpenUnitFloat = 0.3
     enable_prefix_caching: bool = True  # reuse cached pages across requests (agent turns)
+    # the sampler's decode attention: auto (the TPU paged kernel on a TPU when head_dim % 128 == 0, else
+    # reference) | reference (jnp gather + mask) | pallas (GPU kernel) | pallas_tpu (TPU paged kernel)
+    attention: Attention = "auto"
     # devices per rollout replica (heads / MLP split over them; verl: tensor_model_parallel_size);
     # 0: one sampler on the training mesh and its layout (no hand-off, zero copy)
     tensor_parallel_size: NonNegInt = 0

@@ -2,7 +2,7 @@
 
 Every function here takes
   q            `[B, T, N, D]`   queries of the tokens being computed this step,
-  k_cache      `[L, P, S, K, D]` the whole key pool (all layers), v_cache likewise,
+  k_cache      `[K, L, P, S, D]` the whole key pool (all layers), v_cache likewise,
   layer        int32 scalar      which layer's pages to read,
   page_table   `[B, W]` int32    each row's pages in order (unused entries: page 0),
   q_positions  `[B, T]` int32    the position of every query token,
@@ -16,6 +16,9 @@ into a dense `[B, W*S, K, D]` view and runs the training forward's own attention
 match the trainer's. `paged_decode_attention_pallas` is a Pallas kernel (Triton-style,
 for GPUs) for decode steps (T == 1) that walks only the pages a sequence owns, with an
 online softmax; on other backends it runs in Pallas interpret mode (for tests).
+`paged_decode_attention_tpu` runs JAX's TPU paged-attention kernel on the pool in place
+(TPU interpret mode off TPU). `decode_attention(name)` picks one (registry
+`DECODE_ATTENTION`; "auto": `choose_decode_attention`).
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ PagedAttentionFn = Callable[..., jax.Array]
 
 
 def _layer_pages(cache: jax.Array, layer: jax.Array, page_table: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The pool viewed as `[L*P, S, K, D]` (a free reshape) and page ids offset into
-    `layer`'s block, so one gather reads a layer's pages without slicing the layer out."""
-    num_layers, num_pages = cache.shape[:2]
-    flat = cache.reshape(num_layers * num_pages, *cache.shape[2:])
+    """The pool `[K, L, P, S, D]` viewed as `[K, L*P, S, D]` (a free reshape) and page ids
+    offset into `layer`'s block (`layer * P + page`), so a layer's pages are read without
+    slicing the layer out."""
+    kv_heads, num_layers, num_pages = cache.shape[:3]
+    flat = cache.reshape(kv_heads, num_layers * num_pages, *cache.shape[3:])
     return flat, page_table + layer.astype(page_table.dtype) * num_pages
 
 
@@ -44,8 +48,9 @@ def gather_kv(cache: jax.Array, layer: jax.Array, page_table: jax.Array) -> jax.
     """A dense `[B, W*S, K, D]` view of each row's cached keys (or values)."""
     flat, ids = _layer_pages(cache, layer, page_table)
     b, w = page_table.shape
-    pages = flat[ids]  # [B, W, S, K, D]
-    return pages.reshape(b, w * flat.shape[1], *flat.shape[2:])
+    pages = flat[:, ids]  # [K, B, W, S, D]
+    kv_heads, _, _, s, d = pages.shape
+    return pages.transpose(1, 2, 3, 0, 4).reshape(b, w * s, kv_heads, d)
 
 
 def paged_attention_reference(
@@ -147,7 +152,7 @@ def paged_decode_attention_pallas(
         raise ValueError(f"the Pallas kernel handles decode steps (T == 1), got T={t}")
     flat_k, ids = _layer_pages(k_cache, layer, page_table)
     flat_v, _ = _layer_pages(v_cache, layer, page_table)
-    total_pages, page_size, kv_heads, _ = flat_k.shape
+    kv_heads, total_pages, page_size, _ = flat_k.shape
     groups = n // kv_heads
     g_pad = max(_MIN_BLOCK, pl.next_power_of_2(groups))
     qh = q.reshape(b, kv_heads, groups, d)
@@ -157,7 +162,7 @@ def paged_decode_attention_pallas(
     ids = ids.astype(jnp.int32)
     width = -(-ids.shape[1] // pages_per_block) * pages_per_block
     if width != ids.shape[1]:  # pad with each layer's null page so blocks divide the table
-        null = (layer * k_cache.shape[1]).astype(jnp.int32)
+        null = (layer * k_cache.shape[2]).astype(jnp.int32)
         ids = jnp.concatenate([ids, jnp.full((b, width - ids.shape[1]), null, jnp.int32)], axis=1)
     kernel = functools.partial(_decode_kernel, pages_per_block=pages_per_block, scale=d**-0.5, dot=plgpu.dot)
     out = pl.pallas_call(
@@ -165,8 +170,8 @@ def paged_decode_attention_pallas(
         grid=(b, kv_heads),
         in_specs=[
             pl.BlockSpec((None, None, g_pad, d), lambda i, h: (i, h, 0, 0)),
-            pl.BlockSpec((total_pages, page_size, None, d), lambda i, h: (0, 0, h, 0)),
-            pl.BlockSpec((total_pages, page_size, None, d), lambda i, h: (0, 0, h, 0)),
+            pl.BlockSpec((None, total_pages, page_size, d), lambda i, h: (h, 0, 0, 0)),
+            pl.BlockSpec((None, total_pages, page_size, d), lambda i, h: (h, 0, 0, 0)),
             pl.BlockSpec((None, width), lambda i, h: (i, 0)),
             pl.BlockSpec((None, 1), lambda i, h: (i, 0)),
         ],
@@ -179,18 +184,138 @@ def paged_decode_attention_pallas(
     return out[:, :, :groups, :].reshape(b, 1, n, d)
 
 
-def decode_attention(name: str, head_dim: int, page_size: int) -> PagedAttentionFn:
-    """The attention used by decode steps for a `SamplerConfig.attention` value.
+# ---- the TPU paged-attention kernel ----------------------------------------------------
 
-    "auto" is the reference for now: the Pallas kernel matches it in interpret mode and
-    lowers to Triton for CUDA, but has not yet been run on a GPU here (see
-    tests/rollout/test_attention.py, whose GPU test runs when a GPU is present)."""
+TPU_LANES = 128  # a TPU vector register's lane count: the kernel's last (head_dim) axis tiles by it
+TPU_BLOCK_KEYS = 256  # keys per kernel block (pages_per_compute_block x page_size), about
+
+
+def tpu_pages_per_block(width: int, page_size: int) -> int:
+    """`pages_per_compute_block` for the TPU kernel: about `TPU_BLOCK_KEYS` keys per
+    block, a power of two, no more than the (power-of-two-padded) page-table width."""
+    return max(1, min(pl.next_power_of_2(max(1, TPU_BLOCK_KEYS // page_size)), pl.next_power_of_2(width)))
+
+
+def check_tpu_shapes(head_dim: int) -> None:
+    """On a TPU the kernel's `[page_size, head_dim]` tiles put head_dim on the 128 lanes."""
+    if head_dim % TPU_LANES:
+        raise ValueError(f"attention='pallas_tpu' needs head_dim a multiple of {TPU_LANES} on a TPU, got {head_dim} "
+                         "(use attention=auto or reference)")
+
+
+def paged_decode_attention_tpu(
+    q: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    layer: jax.Array,
+    page_table: jax.Array,
+    q_positions: jax.Array,
+    kv_lens: jax.Array,
+    *,
+    interpret: bool = False,
+    mesh=None,
+) -> jax.Array:
+    """Decode attention (T == 1) with JAX's TPU paged-attention kernel
+    (`jax.experimental.pallas.ops.tpu.paged_attention`, a flash-decoding kernel that DMAs
+    `pages_per_compute_block` pages of one kv head at a time from HBM, double-buffered,
+    and skips blocks past each row's length). It takes `[K, pages, S, D]` pools: ours,
+    `[K, L, P, S, D]`, reshaped (free) to `[K, L*P, S, D]` with the layer's page ids
+    offset by `layer * P`, so the pool is read in place. The kernel does not scale
+    scores: q is multiplied by 1/sqrt(D) first. Grouped-query heads are native (the
+    kernel groups N // K query heads per kv head). The page table is padded with the
+    layer's null page to a multiple of the block. The kernel reads K / V through bfloat16
+    (it casts the loaded pages), exact for the bfloat16 pools a run uses.
+
+    `mesh`: with the pools split over its "tensor" axis on kv heads (`cache_sharding`),
+    the kernel runs per shard in `shard_map` (q heads split alike; a Pallas call cannot
+    be partitioned by GSPMD). `interpret`: TPU interpret mode (CPU tests)."""
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+
+    del q_positions  # a decode token's causal bound is kv_len
+    b, t, n, d = q.shape
+    if t != 1:
+        raise ValueError(f"the TPU paged kernel handles decode steps (T == 1), got T={t}")
+    flat_k, ids = _layer_pages(k_cache, layer, page_table)  # [K, L*P, S, D], [B, W]
+    flat_v, _ = _layer_pages(v_cache, layer, page_table)
+    page_size = flat_k.shape[2]
+    block = tpu_pages_per_block(ids.shape[1], page_size)
+    ids = ids.astype(jnp.int32)
+    width = -(-ids.shape[1] // block) * block
+    if width != ids.shape[1]:  # pad with the layer's null page so blocks divide the table
+        null = (layer * k_cache.shape[2]).astype(jnp.int32)
+        ids = jnp.concatenate([ids, jnp.full((b, width - ids.shape[1]), null, jnp.int32)], axis=1)
+    qs = q[:, 0] * jnp.asarray(d**-0.5, q.dtype)  # [B, N, D]
+    lengths = kv_lens.astype(jnp.int32)
+
+    def kernel(qs, flat_k, flat_v, lengths, ids):
+        return paged_attention(qs, flat_k, flat_v, lengths, ids, pages_per_compute_block=block)
+
+    tensor = mesh.shape.get("tensor", 1) if mesh is not None else 1
+    if tensor > 1 and flat_k.shape[0] % tensor == 0:
+        P = jax.sharding.PartitionSpec
+        kernel = jax.shard_map(kernel, mesh=mesh, check_vma=False,
+                               in_specs=(P(None, "tensor", None), P("tensor"), P("tensor"), P(), P()),
+                               out_specs=P(None, "tensor", None))
+    if interpret:
+        with pltpu.force_tpu_interpret_mode():
+            out = kernel(qs, flat_k, flat_v, lengths, ids)
+    else:
+        out = kernel(qs, flat_k, flat_v, lengths, ids)
+    return out[:, None].astype(q.dtype)  # [B, 1, N, D]
+
+
+# ---- the decode attention a sampler runs, by name --------------------------------------
+
+DecodeAttentionFactory = Callable[[int, int, object], PagedAttentionFn]  # (head_dim, page_size, mesh) -> fn
+DECODE_ATTENTION: dict[str, DecodeAttentionFactory] = {}
+
+
+def register_decode_attention(name: str):
+    def wrap(factory: DecodeAttentionFactory) -> DecodeAttentionFactory:
+        if name in DECODE_ATTENTION:
+            raise ValueError(f"decode attention {name!r} is registered twice")
+        DECODE_ATTENTION[name] = factory
+        return factory
+
+    return wrap
+
+
+@register_decode_attention("reference")
+def _reference(head_dim: int, page_size: int, mesh) -> PagedAttentionFn:
+    return paged_attention_reference
+
+
+@register_decode_attention("pallas")
+def _pallas_gpu(head_dim: int, page_size: int, mesh) -> PagedAttentionFn:
+    check_pallas_shapes(head_dim, page_size)
+    return functools.partial(paged_decode_attention_pallas, interpret=target_backend() != "gpu")
+
+
+@register_decode_attention("pallas_tpu")
+def _pallas_tpu(head_dim: int, page_size: int, mesh) -> PagedAttentionFn:
+    on_tpu = target_backend() == "tpu"
+    if on_tpu:
+        check_tpu_shapes(head_dim)
+    return functools.partial(paged_decode_attention_tpu, interpret=not on_tpu, mesh=mesh)
+
+
+def choose_decode_attention(backend: str, head_dim: int) -> str:
+    """What `auto` runs: the TPU paged kernel on a TPU when head_dim fills the 128 lanes
+    (`check_tpu_shapes`), else the reference. The GPU kernel ("pallas") is not chosen:
+    it matches the reference in interpret mode and lowers to Triton, but has not been
+    run on a GPU here (tests/rollout/test_attention.py runs it when one is present)."""
+    if backend == "tpu" and head_dim % TPU_LANES == 0:
+        return "pallas_tpu"
+    return "reference"
+
+
+def decode_attention(name: str, head_dim: int, page_size: int, mesh=None) -> PagedAttentionFn:
+    """The attention used by decode steps for a `SamplerConfig.attention` value, for the
+    platform being compiled for (`target_backend`). `mesh`: where the pools live (their
+    `NamedSharding`'s mesh), for the kernels that run per shard."""
     if name == "auto":
-        name = "reference"
-    if name == "reference":
-        return paged_attention_reference
-    if name == "pallas":
-        check_pallas_shapes(head_dim, page_size)
-        interpret = target_backend() != "gpu"
-        return functools.partial(paged_decode_attention_pallas, interpret=interpret)
-    raise ValueError(f"unknown paged attention {name!r}; choose auto | reference | pallas")
+        name = choose_decode_attention(target_backend(), head_dim)
+    if name not in DECODE_ATTENTION:
+        raise ValueError(f"unknown paged attention {name!r}; choose auto | {' | '.join(DECODE_ATTENTION)}")
+    return DECODE_ATTENTION[name](head_dim, page_size, mesh)

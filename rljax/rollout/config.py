@@ -41,16 +41,19 @@ class KVCacheConfig:
             raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
 
 
-Attention = Literal["auto", "reference", "pallas"]
+Attention = Literal["auto", "reference", "pallas", "pallas_tpu"]  # rljax.rollout.attention.DECODE_ATTENTION
 
 
 @dataclass(frozen=True)
 class SamplerConfig:
     """The rollout engine.
 
-    attention: "reference" (plain jnp gather + mask, the oracle), "pallas" (a Pallas
-        decode kernel for GPU, interpreted elsewhere; prefill stays on the reference),
-        or "auto" (the reference until the kernel has been validated on a GPU).
+    attention: decode attention (prefill always runs the reference). "reference" (plain
+        jnp gather + mask, the oracle), "pallas" (a Pallas decode kernel for GPU,
+        interpreted elsewhere), "pallas_tpu" (JAX's TPU paged-attention kernel on the
+        pool in place; head_dim a multiple of 128 on a TPU; TPU interpret mode
+        elsewhere), or "auto": pallas_tpu on a TPU when head_dim % 128 == 0, else the
+        reference (`rljax.rollout.attention.choose_decode_attention`).
     enable_prefix_caching: keep the full pages of finished (and preempted) sequences and
         reuse them for any later sequence that starts with the same tokens: an agent's
         next turn, a retried prompt (`rljax.rollout.prefix_cache`). Unreferenced cached
@@ -65,7 +68,7 @@ class SamplerConfig:
     max_num_batched_tokens: int = 512  # token budget of one prefill step (padded rows x chunk length)
     max_model_len: int = 2048  # the longest sequence (prompt + generated), in tokens; sets the page-table width
     kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)  # the paged KV pool
-    attention: Attention = "auto"  # decode attention: reference | pallas | auto (see above)
+    attention: Attention = "auto"  # decode attention: auto | reference | pallas | pallas_tpu (see above)
     share_prefix: bool = True  # the n samples of a request share the prompt's full KV pages
     enable_prefix_caching: bool = True  # reuse cached pages across requests (see above)
     num_scheduler_steps: int = 4  # decode steps per engine call (an on-device loop)
@@ -82,7 +85,7 @@ class SamplerConfig:
         if self.num_scheduler_steps < 1:
             raise ValueError(f"num_scheduler_steps must be >= 1, got {self.num_scheduler_steps}")
         if self.attention not in get_args(Attention):
-            raise ValueError(f"attention must be auto | reference | pallas, got {self.attention!r}")
+            raise ValueError(f"attention must be {' | '.join(get_args(Attention))}, got {self.attention!r}")
 
     @property
     def max_pages_per_seq(self) -> int:

@@ -30,13 +30,16 @@ from rljax.rollout.step_inputs import PACKERS
 
 def make_programs(graphdef: nnx.GraphDef, config: SamplerConfig, head_dim: int,
                   on_trace: Callable[[str], Callable[[], None]] = lambda kind: lambda: None,
-                  ) -> dict[StepKind, Callable]:
+                  pool_sharding: jax.sharding.Sharding | None = None) -> dict[StepKind, Callable]:
     """The jitted prefill and decode programs, `program(state, k_pool, v_pool, inputs) ->
     (k_pool, v_pool, tokens, log_probs)` with the pools donated. `on_trace(kind)` gives the
     callback run when a program of that kind is traced. Shared by `DeviceStep` and
-    ahead-of-time compilation (`rljax.tpu.programs`), which lowers them on abstract shapes."""
+    ahead-of-time compilation (`rljax.tpu.programs`), which lowers them on abstract shapes.
+    `pool_sharding`: where the pools live (a kernel that cannot be partitioned runs per
+    shard of its mesh)."""
     page_size = config.kv_cache.page_size
-    attention = decode_attention(config.attention, head_dim, page_size)
+    mesh = getattr(pool_sharding, "mesh", None)
+    attention = decode_attention(config.attention, head_dim, page_size, mesh)
     decode = make_decode_fn(graphdef, page_size, attention, config.num_scheduler_steps, on_trace("decode"))
     prefill = make_prefill_fn(graphdef, page_size, paged_attention_reference, on_trace("prefill"))
     return {
@@ -64,7 +67,7 @@ class DeviceStep:
         self.buckets = Buckets.from_config(config)
         self.compiled_shapes: list[str] = []  # each traced program, as kind[rows x tokens, W=width]
         self._label = ""  # the shape of the call being made, for `compiled_shapes`
-        self.programs = make_programs(graphdef, config, head_dim, self._traced)
+        self.programs = make_programs(graphdef, config, head_dim, self._traced, pool.sharding)
 
     @classmethod
     def for_model(cls, model: Decoder, config: SamplerConfig) -> "DeviceStep":

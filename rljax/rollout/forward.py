@@ -50,7 +50,7 @@ def forward_and_sample(
 ):
     """Write `tokens`' `[B, T]` keys / values into their pages, run the decoder over them
     and sample one token per row from the logits at column `last_index` `[B]`. The pools
-    are `[L, P, S, K, D]`. Returns (k_cache, v_cache, tokens [B], log_probs [B])."""
+    are `[K, L, P, S, D]`. Returns (k_cache, v_cache, tokens [B], log_probs [B])."""
     config = model.config
     b = tokens.shape[0]
     # Where each token's key / value goes; padding goes to the null page 0.
@@ -64,8 +64,10 @@ def forward_and_sample(
         x, kc, vc = carry  # x [B, T, E]
         p, layer = xs
         q, k, v = attention_inputs(p, x, cos, sin, config)  # q [B, T, N, D], k / v [B, T, K, D]
-        kc = kc.at[layer, write_page, write_slot].set(k.astype(kc.dtype), mode="promise_in_bounds")
-        vc = vc.at[layer, write_page, write_slot].set(v.astype(vc.dtype), mode="promise_in_bounds")
+        # the pools are kv-heads-major: the indexed slots are [K, B, T, D]
+        k_t, v_t = k.transpose(2, 0, 1, 3), v.transpose(2, 0, 1, 3)  # [K, B, T, D] (this step's tokens only)
+        kc = kc.at[:, layer, write_page, write_slot].set(k_t.astype(kc.dtype), mode="promise_in_bounds")
+        vc = vc.at[:, layer, write_page, write_slot].set(v_t.astype(vc.dtype), mode="promise_in_bounds")
         attn = attention(q, kc, vc, layer, page_table, positions, kv_lens)  # [B, T, N, D]
         x = attention_output_and_mlp(p, x, attn.astype(x.dtype), config)  # [B, T, E]
         return (x, kc, vc), None

@@ -1,9 +1,16 @@
 """The paged KV cache's device side: the pool size and the key / value pools.
 
-One pool for keys and one for values, each `[layers, num_pages, page_size, kv_heads,
-head_dim]`. A sequence's cache is the list of pages in its page table (the host-side
-allocator and tables are in `rljax.rollout.pages`); page 0 is the null page that
-padding points at.
+One pool for keys and one for values, each `[kv_heads, layers, num_pages, page_size,
+head_dim]` (kv-heads-major). A sequence's cache is the list of pages in its page table
+(the host-side allocator and tables are in `rljax.rollout.pages`); page 0 is the null
+page that padding points at.
+
+Why kv heads first: the TPU paged-attention kernel
+(`jax.experimental.pallas.ops.tpu.paged_attention`) reads `[kv_heads, pages, page_size,
+head_dim]`, and `[K, L, P, S, D]` is that with `L*P` pages by a free reshape (layer l's
+page p is page `l*P + p`), so decode attention reads the pool in place, with no
+per-step transpose or copy. A page of one head is a contiguous `[S, D]` tile, which is
+what the kernel's DMAs copy. Tensor parallelism splits the first axis.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ class CacheShape:
 
     @property
     def pool_shape(self) -> tuple[int, ...]:
-        return (self.num_layers, self.num_pages, self.page_size, self.kv_heads, self.head_dim)
+        return (self.kv_heads, self.num_layers, self.num_pages, self.page_size, self.head_dim)  # [K, L, P, S, D]
 
     @property
     def bytes_per_page(self) -> int:
@@ -94,7 +101,7 @@ def cache_sharding(params_state, kv_heads: int) -> jax.sharding.Sharding:
         mesh = sharding.mesh
         tensor = mesh.shape.get("tensor", 1)
         if tensor > 1 and kv_heads % tensor == 0:
-            return NamedSharding(mesh, PartitionSpec(None, None, None, "tensor", None))
+            return NamedSharding(mesh, PartitionSpec("tensor", None, None, None, None))
         return NamedSharding(mesh, PartitionSpec())
     if sharding is not None and len(sharding.device_set) == 1:
         return SingleDeviceSharding(next(iter(sharding.device_set)))
@@ -102,7 +109,7 @@ def cache_sharding(params_state, kv_heads: int) -> jax.sharding.Sharding:
 
 
 def allocate_pools(shape: CacheShape, sharding: jax.sharding.Sharding | None = None) -> tuple[jax.Array, jax.Array]:
-    """Zeroed key and value pools `[layers, num_pages, page_size, kv_heads, head_dim]`,
+    """Zeroed key and value pools `[kv_heads, layers, num_pages, page_size, head_dim]`,
     created in place with `sharding` (no host copy)."""
     make = jax.jit(lambda: jnp.zeros(shape.pool_shape, shape.dtype), out_shardings=sharding)
     return make(), make()
@@ -117,7 +124,7 @@ class KVPool:
     def __init__(self, shape: CacheShape, sharding: jax.sharding.Sharding):
         self.shape = shape
         self.sharding = sharding
-        self.k, self.v = allocate_pools(shape, sharding)  # [L, P, S, K, D] each
+        self.k, self.v = allocate_pools(shape, sharding)  # [K, L, P, S, D] each
 
     def reset(self) -> None:
         self.k, self.v = allocate_pools(self.shape, self.sharding)

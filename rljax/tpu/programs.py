@@ -42,7 +42,7 @@ from rljax.rl.trainer import CRITIC_KEYS, actor_keys
 from rljax.rollout.buckets import Buckets
 from rljax.rollout.config import SamplerConfig
 from rljax.rollout.device_step import make_programs
-from rljax.rollout.kv_cache import cache_sharding
+from rljax.rollout.kv_cache import CacheShape, cache_sharding
 from rljax.rollout.replicas import ReplicaLayout
 from rljax.rollout.scheduler import StepKind
 from rljax.rollout.step_inputs import DecodeInputs, PrefillInputs, SamplingInputs
@@ -248,9 +248,9 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
     dtype = jnp.dtype(config.kv_cache.dtype or compute_dtype)  # as `plan_cache` sizes it
     pool_sharding = cache_sharding(state, model.num_key_value_heads)
     # a 0-layer build (the roofline's) still traces the layer loop's body: give it one layer of pool
-    pool_shape = (max(model.num_hidden_layers, 1), num_pages, config.kv_cache.page_size, model.num_key_value_heads,
-                  model.head_dim)
-    pool = jax.ShapeDtypeStruct(pool_shape, dtype, sharding=pool_sharding)
+    shape = CacheShape(max(model.num_hidden_layers, 1), num_pages, config.kv_cache.page_size,
+                       model.num_key_value_heads, model.head_dim, dtype)
+    pool = jax.ShapeDtypeStruct(shape.pool_shape, dtype, sharding=pool_sharding)  # [K, L, P, S, D]
     buckets = Buckets.from_config(config)
     rep = replicated(mesh)
     n = mesh.devices.size
@@ -264,7 +264,7 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
                               arr((b,), jnp.int32))
 
     with compiling_for(_platform(mesh)):
-        fns = make_programs(graphdef, config, model.head_dim)
+        fns = make_programs(graphdef, config, model.head_dim, pool_sharding=pool_sharding)
     width = buckets.width[-1]
     out = []
     budget = config.max_num_batched_tokens

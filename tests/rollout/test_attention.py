@@ -6,10 +6,11 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from rljax.models.attention import segment_mask, xla_attention
 from rljax.rollout import SamplingParams
-from rljax.rollout.attention import paged_attention_reference, paged_decode_attention_pallas
+from rljax.rollout.attention import paged_attention_reference, paged_decode_attention_pallas, paged_decode_attention_tpu
 
 L, P, S, K, D, N = 2, 40, 4, 2, 16, 8
 ON_GPU = jax.default_backend() == "gpu"
@@ -17,7 +18,8 @@ ON_GPU = jax.default_backend() == "gpu"
 
 def scattered(seed: int, lengths: list[int], width: int):
     """Random dense keys / values per row, written into random distinct pages of a
-    pool whose other pages hold garbage. Returns pools, page table, dense k / v."""
+    pool whose other pages hold garbage. Returns pools `[K, L, P, S, D]`, page table,
+    dense k / v `[L, B, W*S, K, D]`."""
     rng = np.random.default_rng(seed)
     k_pool = rng.normal(size=(L, P, S, K, D)).astype(np.float32)
     v_pool = rng.normal(size=(L, P, S, K, D)).astype(np.float32)
@@ -31,6 +33,8 @@ def scattered(seed: int, lengths: list[int], width: int):
             table[b, j] = page
             k_pool[:, page] = k_dense[:, b, j * S:(j + 1) * S]
             v_pool[:, page] = v_dense[:, b, j * S:(j + 1) * S]
+    # the engine's layout: kv-heads-major [K, L, P, S, D]
+    k_pool, v_pool = np.moveaxis(k_pool, 3, 0), np.moveaxis(v_pool, 3, 0)
     return jnp.asarray(k_pool), jnp.asarray(v_pool), jnp.asarray(table), k_dense, v_dense
 
 
@@ -73,8 +77,8 @@ def test_pallas_kernel_lowers_to_triton_for_cuda():
     """Pallas -> Triton lowering runs without a GPU (export for the cuda platform); the
     Triton -> PTX compile and the run itself need one (the test above, on a GPU)."""
     sd = jax.ShapeDtypeStruct
-    args = (sd((4, 1, 8, 64), jnp.bfloat16), sd((2, 24, 16, 2, 64), jnp.bfloat16),
-            sd((2, 24, 16, 2, 64), jnp.bfloat16), sd((), jnp.int32), sd((4, 8), jnp.int32),
+    args = (sd((4, 1, 8, 64), jnp.bfloat16), sd((2, 2, 24, 16, 64), jnp.bfloat16),
+            sd((2, 2, 24, 16, 64), jnp.bfloat16), sd((), jnp.int32), sd((4, 8), jnp.int32),
             sd((4, 1), jnp.int32), sd((4,), jnp.int32))
     fn = jax.jit(functools.partial(paged_decode_attention_pallas, interpret=False))
     exported = jax.export.export(
@@ -95,3 +99,90 @@ def test_engine_with_pallas_decode_matches_reference_engine(llama, roomy_sampler
     want = roomy_sampler.generate(prompts, params)
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     np.testing.assert_allclose([c.log_probs for c in got], [c.log_probs for c in want], atol=1e-5)
+
+
+# ---- the TPU paged-attention kernel (TPU interpret mode on CPU) -----------------------------
+
+
+def tpu_kernel_case(seed: int, heads: int):
+    """Decode queries over scattered pages; pools rounded to bfloat16 (the kernel reads
+    K / V through bfloat16, and a run's pools are bfloat16)."""
+    width, lengths = 12, [45, 1, 33, 5, 0]  # the last row is batch padding: length 0
+    k_pool, v_pool, table, _, _ = scattered(seed, lengths, width)
+    k_pool, v_pool = k_pool.astype(jnp.bfloat16), v_pool.astype(jnp.bfloat16)
+    rng = np.random.default_rng(seed + 1)
+    q = jnp.asarray(rng.normal(size=(len(lengths), 1, heads, D)).astype(np.float32))
+    kv_lens = jnp.asarray(lengths, jnp.int32)
+    return q, k_pool, v_pool, table, jnp.maximum(kv_lens - 1, 0)[:, None], kv_lens
+
+
+@pytest.mark.parametrize("heads", [K, N])  # one query head per kv head; grouped-query (4 per kv head)
+def test_tpu_paged_kernel_equals_reference(heads):
+    """12-page tables with 4-token pages: blocks of 16 pages, the table padded with the
+    layer's null page; rows of 45, 1, 33 and 5 keys."""
+    q, k_pool, v_pool, table, positions, kv_lens = tpu_kernel_case(4, heads)
+    reference = jax.jit(paged_attention_reference)
+    kernel = jax.jit(functools.partial(paged_decode_attention_tpu, interpret=True))
+    for layer in range(L):
+        want = reference(q, k_pool, v_pool, jnp.int32(layer), table, positions, kv_lens)
+        got = kernel(q, k_pool, v_pool, jnp.int32(layer), table, positions, kv_lens)
+        assert got.shape == want.shape == (5, 1, heads, D)
+        np.testing.assert_allclose(got[:4], want[:4], atol=2e-5)
+        np.testing.assert_array_equal(got[4], 0.0)  # an empty row: zeros, not NaN
+
+
+def test_tpu_paged_kernel_on_a_pool_split_over_tensor():
+    """Pools split on kv heads over a tensor=2 mesh (as `cache_sharding` lays them out):
+    the kernel runs per shard in shard_map and equals the reference."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from rljax.parallel import MeshConfig, make_mesh
+
+    mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=2), jax.devices()[:2])
+    q, k_pool, v_pool, table, positions, kv_lens = tpu_kernel_case(5, N)
+    split = NamedSharding(mesh, P("tensor", None, None, None, None))
+    k_split, v_split = jax.device_put(k_pool, split), jax.device_put(v_pool, split)
+    kernel = jax.jit(functools.partial(paged_decode_attention_tpu, interpret=True, mesh=mesh))
+    got = kernel(q, k_split, v_split, jnp.int32(1), table, positions, kv_lens)
+    want = paged_attention_reference(q, k_pool, v_pool, jnp.int32(1), table, positions, kv_lens)
+    np.testing.assert_allclose(got[:4], want[:4], atol=2e-5)
+
+
+def test_engine_with_tpu_paged_decode_matches_reference_engine(llama):
+    """The engine with `attention=pallas_tpu` (interpret mode) samples the reference
+    engine's greedy tokens. Both pools are bfloat16, what the kernel reads."""
+    from rljax.rollout import KVCacheConfig, Sampler
+
+    from .conftest import random_prompts, sampler_config
+
+    prompts = random_prompts([5, 12, 9], seed=13)
+    params = SamplingParams(temperature=0.0, max_tokens=7)
+    outs = {}
+    for name in ("pallas_tpu", "reference"):
+        config = sampler_config(num_pages=64, attention=name, num_scheduler_steps=2,
+                                kv_cache=KVCacheConfig(page_size=4, num_pages=64, dtype="bfloat16"))
+        with Sampler(llama, config) as sampler:
+            outs[name] = sampler.generate(prompts, params)
+    got, want = outs["pallas_tpu"], outs["reference"]
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    assert all(len(c.token_ids) == 7 for c in got)
+    np.testing.assert_allclose([c.log_probs for c in got], [c.log_probs for c in want], atol=1e-4)
+
+
+def test_auto_decode_attention_is_the_tpu_kernel_on_tpu_when_head_dim_fills_the_lanes():
+    from rljax.models.attention import compiling_for
+    from rljax.rollout.attention import choose_decode_attention, decode_attention
+
+    assert choose_decode_attention("tpu", 128) == choose_decode_attention("tpu", 256) == "pallas_tpu"
+    for backend, head_dim in [("tpu", 64), ("tpu", 96), ("gpu", 128), ("cpu", 128)]:
+        assert choose_decode_attention(backend, head_dim) == "reference"
+    assert decode_attention("auto", 128, 16) is paged_attention_reference  # on this CPU host
+    with compiling_for("tpu"):  # what `rljax compile` traces under for a TPU topology
+        tpu = decode_attention("auto", 128, 16)
+        assert tpu.func is paged_decode_attention_tpu and tpu.keywords["interpret"] is False
+        assert decode_attention("auto", 64, 16) is paged_attention_reference
+        with pytest.raises(ValueError, match=r"pallas_tpu' needs head_dim a multiple of 128 on a TPU, got 64"):
+            decode_attention("pallas_tpu", 64, 16)
+    assert decode_attention("pallas_tpu", 64, 16).keywords["interpret"] is True  # off TPU: interpret mode
+    with pytest.raises(ValueError, match=r"unknown paged attention 'flash'.*pallas_tpu"):
+        decode_attention("flash", 128, 16)

@@ -133,7 +133,7 @@ def test_kv_pools_split_over_each_replicas_tensor_devices(replicas, params):
     shape, pools = replica_pools(layout, params)
     for (k, v), mesh in zip(pools, layout.replicas):
         assert k.sharding.mesh == mesh
-        assert k.sharding.spec == (P(None, None, None, "tensor", None) if tp > 1 else P())
+        assert k.sharding.spec == (P("tensor", None, None, None, None) if tp > 1 else P())
     per_device = measured_bytes(pools)
     assert len(per_device) == 8
     for nbytes in per_device.values():
