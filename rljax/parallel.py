@@ -41,11 +41,21 @@ LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
     "kv_heads": "tensor",
     "head_dim": None,
     "layers": None,
+    # mixture of experts: whole experts over fsdp (they stay split, see STAY_SPLIT),
+    # each expert's MLP width over tensor, its hidden dimension and the router unsplit
+    "expert": "fsdp",
+    "expert_embed": None,
+    "expert_mlp": "tensor",
+    "router_experts": None,
     # activations (with `mlp`, `heads`, `kv_heads`, `head_dim`, `vocab` as above)
     "batch": BATCH_AXES,
     "length": None,
     "act_embed": None,
 }
+
+# Logical axes whose fsdp split is kept in the forward (not all-gathered by
+# `gather_weight`): experts are computed where they live (`rljax.models.moe`).
+STAY_SPLIT = frozenset({"expert"})
 
 AnyMesh = Mesh | AbstractMesh
 
@@ -230,6 +240,11 @@ def _active_mesh():
     return mesh
 
 
+def active_mesh():
+    """The (data, fsdp, tensor) mesh set with `jax.set_mesh`, or None."""
+    return _active_mesh()
+
+
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     """Pin an activation's layout by logical axis names, e.g.
     `constrain(h, ("batch", "length", "act_embed"))`.
@@ -247,16 +262,17 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
 def gather_weight(w: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     """A parameter (or one layer's slice of it) as the forward pass uses it under FSDP:
     its layout by the rules with the `fsdp` axis dropped, so XLA all-gathers the weight
-    (ZeRO-3) right before use instead of moving activations. Tensor-parallel splits stay.
+    (ZeRO-3) right before use instead of moving activations. Tensor-parallel splits stay,
+    and so does the fsdp split of `STAY_SPLIT` axes (experts).
     A no-op without an active mesh, like `constrain`."""
     mesh = _active_mesh()
     if mesh is None:
         return w
     spec = logical_to_spec(tuple(logical_axes), w.shape, mesh, "weight", strict=False)
     kept = []
-    for entry in spec:
+    for entry, logical in zip(spec, logical_axes):
         axes = () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
-        axes = tuple(a for a in axes if a != "fsdp")
+        axes = tuple(a for a in axes if a != "fsdp" or logical in STAY_SPLIT)
         kept.append(None if not axes else axes[0] if len(axes) == 1 else axes)
     return jax.lax.with_sharding_constraint(w, NamedSharding(mesh, P(*kept)))
 

@@ -1,4 +1,5 @@
-"""Model configuration: one dataclass for the Llama / Qwen2 / Qwen3 decoder family.
+"""Model configuration: one dataclass for the Llama / Qwen2 / Qwen3 decoder family and
+its mixture-of-experts variants (Qwen3-MoE, Mixtral).
 
 `ModelConfig.from_hf_dict` reads a Hugging Face `config.json` (both the transformers 4
 form, `rope_theta` + `rope_scaling`, and the transformers 5 form, `rope_parameters`);
@@ -34,6 +35,14 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclass(frozen=True)
+class MoeKeys:
+    """How a mixture-of-experts family names its options in `config.json`."""
+
+    expert_size_key: str  # each expert's MLP width (Qwen3-MoE: moe_intermediate_size; Mixtral: intermediate_size)
+    norm_topk_prob_key: str | None  # None: the top-k weights are always renormalised (Mixtral)
+
+
+@dataclass(frozen=True)
 class Family:
     """What distinguishes one HF model family from another in this decoder."""
 
@@ -46,12 +55,18 @@ class Family:
     has_mlp_bias_key: bool
     qk_norm: bool
     sliding_window_keys: bool  # Qwen configs carry use_sliding_window
+    moe: MoeKeys | None = None  # a mixture-of-experts family: every layer's MLP is routed experts
+    sliding_window_is_on_when_set: bool = False  # Mixtral: a non-null sliding_window turns it on
 
 
 FAMILIES: dict[str, Family] = {
     "llama": Family("llama", "LlamaForCausalLM", "attention_bias", False, True, True, False, False),
     "qwen2": Family("qwen2", "Qwen2ForCausalLM", None, True, False, False, False, True),
     "qwen3": Family("qwen3", "Qwen3ForCausalLM", "attention_bias", False, True, False, True, True),
+    "qwen3_moe": Family("qwen3_moe", "Qwen3MoeForCausalLM", "attention_bias", False, True, False, True, True,
+                        moe=MoeKeys("moe_intermediate_size", "norm_topk_prob")),
+    "mixtral": Family("mixtral", "MixtralForCausalLM", None, False, False, False, False, False,
+                      moe=MoeKeys("intermediate_size", None), sliding_window_is_on_when_set=True),
 }
 
 
@@ -102,9 +117,22 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
+    # Mixture of experts (0 experts: a dense MLP). Each layer routes every token to its
+    # `num_experts_per_tok` highest-probability experts (`rljax.models.moe`).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each expert's MLP width
+    norm_topk_prob: bool = False  # renormalise the top-k router probabilities to sum to 1
 
     def __post_init__(self):
-        family(self.model_type)
+        fam = family(self.model_type)
+        if (fam.moe is not None) != (self.num_experts > 0):
+            raise ValueError(f"{self.model_type}: num_experts={self.num_experts} does not fit the family "
+                             f"({'mixture of experts' if fam.moe else 'dense'})")
+        if self.is_moe and not (1 <= self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0):
+            raise ValueError(f"{self.model_type}: num_experts_per_tok={self.num_experts_per_tok} must be in "
+                             f"[1, num_experts={self.num_experts}] and moe_intermediate_size="
+                             f"{self.moe_intermediate_size} > 0")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -121,6 +149,10 @@ class ModelConfig:
         return family(self.model_type)
 
     @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
     def eos_token_ids(self) -> tuple[int, ...]:
         if self.eos_token_id is None:
             return ()
@@ -133,7 +165,9 @@ class ModelConfig:
 
     # ---- sizes -------------------------------------------------------------------------
 
-    def num_params(self, include_embedding: bool = True) -> int:
+    def num_params(self, include_embedding: bool = True, active: bool = False) -> int:
+        """Parameter count; `active`: those one token uses (a MoE layer: the router and
+        `num_experts_per_tok` experts)."""
         e, h, kv, d, m = (
             self.hidden_size,
             self.num_attention_heads,
@@ -147,6 +181,9 @@ class ModelConfig:
         if self.out_bias:
             attn += e
         mlp = 3 * e * m + (2 * m + e if self.mlp_bias else 0)
+        if self.is_moe:
+            experts = self.num_experts_per_tok if active else self.num_experts
+            mlp = e * self.num_experts + experts * 3 * e * self.moe_intermediate_size
         norms = 2 * e + (2 * d if self.qk_norm else 0)
         layers = self.num_hidden_layers * (attn + mlp + norms)
         embed = self.vocab_size * e * (1 if self.tie_word_embeddings else 2)
@@ -157,7 +194,7 @@ class ModelConfig:
         unembedding, plus attention scores and values 2 * 2 * T * h * d per layer
         (causal: half of that). Training counts forward + backward = 3x forward
         (the PaLM / Chinchilla "6N" convention with attention added)."""
-        n_matmul = self.num_params(include_embedding=False) + self.vocab_size * self.hidden_size
+        n_matmul = self.num_params(include_embedding=False, active=True) + self.vocab_size * self.hidden_size
         attn = self.num_hidden_layers * 2 * 2 * seq_len * self.num_attention_heads * self.head_dim / 2
         forward = 2 * n_matmul + attn
         return 3 * forward if training else forward
@@ -174,6 +211,10 @@ class ModelConfig:
         if fam.sliding_window_keys and d.get("use_sliding_window", False):
             raise UnsupportedModelError(
                 f"{model_type}: use_sliding_window=true is not supported; rljax implements full attention"
+            )
+        if fam.sliding_window_is_on_when_set and d.get("sliding_window") is not None:
+            raise UnsupportedModelError(
+                f"{model_type}: sliding_window={d['sliding_window']} is not supported; rljax implements full attention"
             )
         heads = d["num_attention_heads"]
         qkv_bias = d.get(fam.qkv_bias_key, fam.qkv_bias_default) if fam.qkv_bias_key else fam.qkv_bias_default
@@ -198,6 +239,7 @@ class ModelConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=tuple(d["eos_token_id"]) if isinstance(d.get("eos_token_id"), list) else d.get("eos_token_id"),
             pad_token_id=d.get("pad_token_id"),
+            **(_moe_from_hf(d, fam) if fam.moe else {}),
         )
 
     def to_hf_dict(self, dtype: str | None = None) -> dict[str, Any]:
@@ -231,9 +273,34 @@ class ModelConfig:
         if fam.sliding_window_keys:
             d["use_sliding_window"] = False
             d["sliding_window"] = None
+        if fam.sliding_window_is_on_when_set:
+            d["sliding_window"] = None
+        if fam.moe:
+            d["num_local_experts"] = self.num_experts  # both HF configs store this name
+            d["num_experts_per_tok"] = self.num_experts_per_tok
+            d[fam.moe.expert_size_key] = self.moe_intermediate_size
+            if fam.moe.norm_topk_prob_key:
+                d[fam.moe.norm_topk_prob_key] = self.norm_topk_prob
+            d["output_router_logits"] = False
         if dtype is not None:
             d["dtype"] = dtype
         return d
+
+
+def _moe_from_hf(d: dict[str, Any], fam: Family) -> dict[str, Any]:
+    """The MoE fields of `ModelConfig` from a Qwen3-MoE or Mixtral `config.json`."""
+    model_type = fam.model_type
+    step, dense_layers = d.get("decoder_sparse_step", 1), d.get("mlp_only_layers") or []
+    if step != 1 or dense_layers:
+        raise UnsupportedModelError(
+            f"{model_type}: decoder_sparse_step={step}, mlp_only_layers={dense_layers}: dense MLP layers among "
+            "MoE layers are not supported (rljax needs every layer to be MoE)")
+    if d.get("router_jitter_noise", 0.0):
+        raise UnsupportedModelError(f"{model_type}: router_jitter_noise={d['router_jitter_noise']} is not supported")
+    experts = d.get("num_experts", d.get("num_local_experts"))
+    norm = d.get(fam.moe.norm_topk_prob_key, False) if fam.moe.norm_topk_prob_key else True
+    return dict(num_experts=int(experts), num_experts_per_tok=int(d["num_experts_per_tok"]),
+                moe_intermediate_size=int(d[fam.moe.expert_size_key]), norm_topk_prob=bool(norm))
 
 
 def _rope_from_hf(d: dict[str, Any]) -> RopeConfig:

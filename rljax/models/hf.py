@@ -43,7 +43,9 @@ def _identity_slice(read, index):
 
 @dataclass(frozen=True)
 class Mapping:
-    """One rljax parameter <-> one HF tensor name (per layer when `per_layer`).
+    """One rljax parameter <-> one HF tensor name (per layer when `per_layer`, and per
+    expert as well when `per_expert`: the rljax array is `[L, X, ...]`, the HF name has
+    "{i}" and "{e}").
 
     `to_hf` maps an rljax array (one layer's slice for per-layer params) to the HF layout;
     `from_hf` is its inverse. `read_slice(read, index)` is `from_hf(hf_tensor)[index]`
@@ -57,6 +59,21 @@ class Mapping:
     from_hf: Callable[[np.ndarray], np.ndarray]
     per_layer: bool
     read_slice: Callable[[Callable[[tuple], np.ndarray], tuple], np.ndarray] = _identity_slice
+    per_expert: bool = False
+
+    @property
+    def stacked_dims(self) -> int:
+        """Leading rljax dimensions that enumerate HF tensors (layers, experts)."""
+        return int(self.per_layer) + int(self.per_expert)
+
+    def hf_names(self, config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+        """(HF name, index into the rljax array's stacked dimensions) of every tensor."""
+        if self.per_expert:
+            return [(self.hf.format(i=i, e=e), (i, e))
+                    for i in range(config.num_hidden_layers) for e in range(config.num_experts)]
+        if self.per_layer:
+            return [(self.hf.format(i=i), (i,)) for i in range(config.num_hidden_layers)]
+        return [(self.hf, ())]
 
 
 def _identity(a):
@@ -142,6 +159,23 @@ _HF_LAYER_NAMES = {
     "down_bias": "mlp.down_proj.bias",
 }
 
+# Mixture-of-experts tensors by family ("{e}" is the expert index): Qwen3-MoE keeps the
+# dense names under `mlp.experts`, Mixtral's `block_sparse_moe` calls gate / down / up w1 / w2 / w3.
+_HF_MOE_NAMES = {
+    "qwen3_moe": {
+        "router": "mlp.gate.weight",
+        "expert_gate": "mlp.experts.{e}.gate_proj.weight",
+        "expert_up": "mlp.experts.{e}.up_proj.weight",
+        "expert_down": "mlp.experts.{e}.down_proj.weight",
+    },
+    "mixtral": {
+        "router": "block_sparse_moe.gate.weight",
+        "expert_gate": "block_sparse_moe.experts.{e}.w1.weight",
+        "expert_up": "block_sparse_moe.experts.{e}.w3.weight",
+        "expert_down": "block_sparse_moe.experts.{e}.w2.weight",
+    },
+}
+
 # Tensors some checkpoints carry that hold no parameters (buffers saved by old code).
 _IGNORED_HF = re.compile(r".*rotary_emb\.inv_freq$")
 
@@ -162,13 +196,19 @@ def weight_map(config: ModelConfig) -> list[Mapping]:
         "gate_proj": _TRANSPOSE_LAYOUT,
         "up_proj": _TRANSPOSE_LAYOUT,
         "down_proj": _TRANSPOSE_LAYOUT,
+        "router": _TRANSPOSE_LAYOUT,  # HF [X, E]
+        "expert_gate": _TRANSPOSE_LAYOUT,  # per expert, HF [F, E]
+        "expert_up": _TRANSPOSE_LAYOUT,
+        "expert_down": _TRANSPOSE_LAYOUT,  # per expert, HF [E, F]
     }
+    names = {**_HF_LAYER_NAMES, **_HF_MOE_NAMES.get(config.model_type, {})}
     table = [Mapping(("embed",), "model.embed_tokens.weight", _identity, _identity, False, _identity_slice)]
     for name, spec in LAYER_PARAMS.items():
         if spec.present(config):
             to_hf, from_hf, read_slice = layout.get(name, _IDENTITY_LAYOUT)
-            table.append(Mapping(("layers", name), f"model.layers.{{i}}.{_HF_LAYER_NAMES[name]}", to_hf, from_hf, True,
-                                 read_slice))
+            hf = names[name]
+            table.append(Mapping(("layers", name), f"model.layers.{{i}}.{hf}", to_hf, from_hf, True,
+                                 read_slice, per_expert="{e}" in hf))
     table.append(Mapping(("final_norm",), "model.norm.weight", _identity, _identity, False, _identity_slice))
     if not config.tie_word_embeddings:
         table.append(Mapping(("lm_head",), "lm_head.weight", _transpose, _transpose, False, _transpose_slice))
@@ -269,13 +309,9 @@ def _expected_hf_shapes(config: ModelConfig, model: Decoder,
         if m.hf in skip:
             continue
         abstract = _variable(model, m.rljax).get_value()
-        if m.per_layer:
-            one = np.empty(abstract.shape[1:], dtype=np.float32)
-            shape = m.to_hf(one).shape
-            for i in range(config.num_hidden_layers):
-                out[m.hf.format(i=i)] = (m, i, shape)
-        else:
-            out[m.hf] = (m, None, m.to_hf(np.empty(abstract.shape, dtype=np.float32)).shape)
+        shape = m.to_hf(np.empty(abstract.shape[m.stacked_dims:], dtype=np.float32)).shape
+        for name, index in m.hf_names(config):
+            out[name] = (m, index, shape)
     return out
 
 
@@ -347,8 +383,8 @@ def _fill(model: Decoder, config: ModelConfig, reader: SafetensorsReader, dtype:
             var.set_value(read_sharded(reader, m, shape, np_dtype, sharding))
         elif m.per_layer:
             stacked = np.empty(var.get_value().shape, dtype=np_dtype)
-            for i in range(config.num_hidden_layers):
-                stacked[i] = m.from_hf(reader.get(m.hf.format(i=i))).astype(np_dtype)
+            for name, index in m.hf_names(config):
+                stacked[index] = m.from_hf(reader.get(name)).astype(np_dtype)
             var.set_value(jnp.asarray(stacked))
         else:
             var.set_value(jnp.asarray(m.from_hf(reader.get(m.hf)).astype(np_dtype)))
@@ -378,11 +414,12 @@ def read_block(reader: SafetensorsReader, m: Mapping, index: Index, shape: tuple
     index = _concrete(index, shape)
     if not m.per_layer:
         return np.asarray(m.read_slice(lambda hf_index: reader.get_slice(m.hf, hf_index), index)).astype(dtype)
-    layers, rest = index[0], index[1:]
+    stacked, rest = index[:m.stacked_dims], index[m.stacked_dims:]
     out = np.empty(tuple(s.stop - s.start for s in index), dtype)
-    for k, i in enumerate(range(layers.start, layers.stop)):
-        name = m.hf.format(i=i)
-        out[k] = m.read_slice(lambda hf_index, name=name: reader.get_slice(name, hf_index), rest)
+    for pos in itertools.product(*(range(s.stop - s.start) for s in stacked)):
+        at = dict(zip("ie", (s.start + p for s, p in zip(stacked, pos))))
+        name = m.hf.format(**at)
+        out[pos] = m.read_slice(lambda hf_index, name=name: reader.get_slice(name, hf_index), rest)
     return out
 
 
@@ -514,8 +551,8 @@ def hf_tensors(model: Decoder, dtype: str | None = None, lm_head: bool = True) -
         if m.hf == "lm_head.weight" and not lm_head:
             continue
         value = _variable(model, m.rljax)[...]
-        slices = [(m.hf.format(i=i), value[i]) for i in range(config.num_hidden_layers)] if m.per_layer else [(m.hf, value)]
-        for name, arr in slices:
+        for name, index in m.hf_names(config):
+            arr = value[index] if index else value
             host = np.asarray(jax.device_get(arr))
             host = m.to_hf(host)
             yield name, np.ascontiguousarray(host.astype(np_dtype) if np_dtype else host)

@@ -124,6 +124,10 @@ def add_adapters(decoder, config: LoRAConfig) -> None:
     """Give `decoder` (a `Decoder`) fresh adapters on `config.target_modules`: A ~ N(0,
     1/fan_in), B = 0, in the parameter dtype. Works under `nnx.eval_shape` too."""
     layers = decoder.layers
+    on_experts = [t for t in config.target_modules if not hasattr(layers, t)]
+    if on_experts and decoder.config.is_moe:
+        raise ValueError(f"model.lora.target_modules {on_experts}: LoRA on mixture-of-experts expert weights is not "
+                         "supported; target the attention projections (q_proj, k_proj, v_proj, o_proj)")
     key = jax.random.key(config.init_seed)
     for i, target in enumerate(config.target_modules):
         base = getattr(layers, target)

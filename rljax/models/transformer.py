@@ -1,7 +1,9 @@
-"""One NNX decoder for the Llama, Qwen2 and Qwen3 families.
+"""One NNX decoder for the Llama, Qwen2 and Qwen3 families and the Qwen3-MoE / Mixtral
+mixtures of experts.
 
 Layout: token embedding -> `num_hidden_layers` pre-norm blocks (RMSNorm, grouped-query
-attention with RoPE, RMSNorm, SwiGLU MLP) -> final RMSNorm -> unembedding (tied to the
+attention with RoPE, RMSNorm, SwiGLU MLP or routed SwiGLU experts, `rljax.models.moe`)
+-> final RMSNorm -> unembedding (tied to the
 embedding for Qwen2-style checkpoints). Per-layer parameters are stacked on a leading
 `layers` axis and the blocks run under one `lax.scan`, so compile time does not grow
 with depth.
@@ -11,7 +13,7 @@ The block is written as two pure functions of a dict of one layer's arrays
 same math with a paged KV cache in place of full attention.
 
 Shape letters in the comments: B batch rows, T positions, E hidden size, N query heads,
-K key/value heads, D head dim, F MLP width, V vocabulary.
+K key/value heads, D head dim, F MLP width, V vocabulary, X experts, k experts per token.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from rljax.algos.log_probs import log_probs_from_hidden
 from rljax.models.attention import get_attention, segment_positions
 from rljax.models.config import DTypePolicy, ModelConfig, RopeConfig
 from rljax.models.lora import Dropout, add_delta, scaled
+from rljax.models.mlp import swiglu
+from rljax.models.moe import Routing, moe_mlp
 from rljax.parallel import constrain, gather_weight
 
 # Logical axes of the residual stream (batch over data x fsdp; see rljax.parallel).
@@ -75,12 +79,24 @@ LAYER_PARAMS: dict[str, ParamSpec] = {
     "q_norm": ParamSpec(lambda c: (c.head_dim,), ("layers", "head_dim"), "ones", lambda c: c.qk_norm),
     "k_norm": ParamSpec(lambda c: (c.head_dim,), ("layers", "head_dim"), "ones", lambda c: c.qk_norm),
     "mlp_norm": ParamSpec(lambda c: (c.hidden_size,), ("layers", "embed"), "ones"),
-    "gate_proj": ParamSpec(lambda c: (c.hidden_size, c.intermediate_size), ("layers", "embed", "mlp"), "normal"),
-    "up_proj": ParamSpec(lambda c: (c.hidden_size, c.intermediate_size), ("layers", "embed", "mlp"), "normal"),
-    "down_proj": ParamSpec(lambda c: (c.intermediate_size, c.hidden_size), ("layers", "mlp", "embed"), "normal"),
+    "gate_proj": ParamSpec(lambda c: (c.hidden_size, c.intermediate_size), ("layers", "embed", "mlp"), "normal",
+                           lambda c: not c.is_moe),
+    "up_proj": ParamSpec(lambda c: (c.hidden_size, c.intermediate_size), ("layers", "embed", "mlp"), "normal",
+                         lambda c: not c.is_moe),
+    "down_proj": ParamSpec(lambda c: (c.intermediate_size, c.hidden_size), ("layers", "mlp", "embed"), "normal",
+                           lambda c: not c.is_moe),
     "gate_bias": ParamSpec(lambda c: (c.intermediate_size,), ("layers", "mlp"), "zeros", lambda c: c.mlp_bias),
     "up_bias": ParamSpec(lambda c: (c.intermediate_size,), ("layers", "mlp"), "zeros", lambda c: c.mlp_bias),
     "down_bias": ParamSpec(lambda c: (c.hidden_size,), ("layers", "embed"), "zeros", lambda c: c.mlp_bias),
+    # mixture of experts (`rljax.models.moe`): the router and the experts stacked on `expert`
+    "router": ParamSpec(lambda c: (c.hidden_size, c.num_experts), ("layers", "embed", "router_experts"), "normal",
+                        lambda c: c.is_moe),
+    "expert_gate": ParamSpec(lambda c: (c.num_experts, c.hidden_size, c.moe_intermediate_size),
+                             ("layers", "expert", "expert_embed", "expert_mlp"), "normal", lambda c: c.is_moe),
+    "expert_up": ParamSpec(lambda c: (c.num_experts, c.hidden_size, c.moe_intermediate_size),
+                           ("layers", "expert", "expert_embed", "expert_mlp"), "normal", lambda c: c.is_moe),
+    "expert_down": ParamSpec(lambda c: (c.num_experts, c.moe_intermediate_size, c.hidden_size),
+                             ("layers", "expert", "expert_mlp", "expert_embed"), "normal", lambda c: c.is_moe),
 }
 
 
@@ -174,23 +190,29 @@ def attention_inputs(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, conf
 
 
 def attention_output_and_mlp(p: dict, x: jax.Array, attn: jax.Array, config: ModelConfig,
-                             drop: Dropout | None = None) -> jax.Array:
-    """Output projection and residual, then the SwiGLU MLP and its residual: `x` `[B, T, E]`
-    and `attn` `[B, T, N, D]` -> `[B, T, E]`. `drop`: as `attention_inputs`."""
+                             drop: Dropout | None = None,
+                             valid: jax.Array | None = None) -> tuple[jax.Array, Routing | None]:
+    """Output projection and residual, then the SwiGLU MLP (or the MoE MLP) and its
+    residual: `x` `[B, T, E]` and `attn` `[B, T, N, D]` -> (`[B, T, E]`, the MoE layer's
+    `Routing` with statistics over `valid` `[B, T]` tokens, or None for a dense layer).
+    `drop`: as `attention_inputs`."""
     out = add_delta(p, "o_proj", attn, jnp.einsum("bthd,hde->bte", attn, p["o_proj"]), drop)  # [B, T, E]
     if config.out_bias:
         out = out + p["o_bias"]
     x = x + out  # [B, T, E]
     h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)  # [B, T, E]
+    if config.is_moe:
+        down, routing = moe_mlp(p, h, config, valid)  # [B, T, E]
+        return constrain(x + down, ACTIVATION), routing
     gate = add_delta(p, "gate_proj", h, h @ p["gate_proj"], drop)  # [B, T, F]
     up = add_delta(p, "up_proj", h, h @ p["up_proj"], drop)  # [B, T, F]
     if config.mlp_bias:
         gate, up = gate + p["gate_bias"], up + p["up_bias"]
-    act = jax.nn.silu(gate) * up  # [B, T, F]
+    act = swiglu(gate, up)  # [B, T, F]
     down = add_delta(p, "down_proj", act, act @ p["down_proj"], drop)  # [B, T, E]
     if config.mlp_bias:
         down = down + p["down_bias"]
-    return constrain(x + down, ACTIVATION)
+    return constrain(x + down, ACTIVATION), None
 
 
 REMAT_POLICIES: dict[str, Callable | None] = {
@@ -303,6 +325,19 @@ class Decoder(nnx.Module):
         """Final-norm hidden states `[B, T, hidden]` in the compute dtype; with
         `adapters=False` those of the base model (LoRA adapters off). LoRA dropout acts
         only when the train step set `lora_dropout_key` (a training forward)."""
+        return self.hidden_states_and_routing(input_ids, attention_mask, positions, segment_ids, adapters)[0]
+
+    def hidden_states_and_routing(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        adapters: bool = True,
+    ) -> tuple[jax.Array, Routing | None]:
+        """`hidden_states` and, for a MoE model, every layer's routing: `Routing` with
+        experts `[B, T, L, k]`, counts and prob_sum `[L, X]` over the non-padding tokens
+        (None for a dense model)."""
         config = self.config
         if segment_ids is None:
             segment_ids = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
@@ -323,14 +358,16 @@ class Decoder(nnx.Module):
             p = {name: gather_weight(w, axes[name]) for name, w in p.items()}
             x = constrain(x, ACTIVATION)  # [B, T, E]
             q, k, v = attention_inputs(p, x, cos, sin, config, drop)  # [B, T, N, D], [B, T, K, D] x 2
-            return attention_output_and_mlp(p, x, attend(q, k, v, segment_ids), config, drop), None
+            return attention_output_and_mlp(p, x, attend(q, k, v, segment_ids), config, drop, segment_ids > 0)
 
         policy = REMAT_POLICIES[self.remat]
         if self.remat != "none":
             block = jax.checkpoint(block, policy=policy, prevent_cse=False)
         xs = (self.layer_arrays(adapters), layer_keys)
-        x, _ = jax.lax.scan(block, self.embed_tokens(input_ids), xs)  # [B, T, E]
-        return self.final_hidden(x)
+        x, routing = jax.lax.scan(block, self.embed_tokens(input_ids), xs)  # [B, T, E]; per layer [L, ...]
+        if routing is not None:
+            routing = routing._replace(experts=jnp.moveaxis(routing.experts, 0, 2))  # [B, T, L, k]
+        return self.final_hidden(x), routing
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """`[B, T, E]` hidden states -> `[B, T, V]` float32 logits."""

@@ -69,7 +69,7 @@ def forward_and_sample(
         kc = kc.at[:, layer, write_page, write_slot].set(k_t.astype(kc.dtype), mode="promise_in_bounds")
         vc = vc.at[:, layer, write_page, write_slot].set(v_t.astype(vc.dtype), mode="promise_in_bounds")
         attn = attention(q, kc, vc, layer, page_table, positions, kv_lens)  # [B, T, N, D]
-        x = attention_output_and_mlp(p, x, attn.astype(x.dtype), config)  # [B, T, E]
+        x, _ = attention_output_and_mlp(p, x, attn.astype(x.dtype), config, valid=valid)  # [B, T, E]
         return (x, kc, vc), None
 
     layers = jnp.arange(config.num_hidden_layers, dtype=jnp.int32)  # [L]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
 VOCAB = 128
 
@@ -30,6 +30,25 @@ CONFIGS = {
     ),
 }
 
+# Mixtures of experts: 8 experts, top 2 (Qwen3-MoE with and without renormalised top-k).
+MOE_CONFIGS = {
+    "qwen3_moe": lambda: Qwen3MoeConfig(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=False, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+        vocab_size=VOCAB, max_position_embeddings=64,
+    ),
+    "qwen3_moe_norm": lambda: Qwen3MoeConfig(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=3,
+        norm_topk_prob=True, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        vocab_size=VOCAB, max_position_embeddings=64,
+    ),
+    "mixtral": lambda: MixtralConfig(
+        hidden_size=64, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
+    ),
+}
+CONFIGS.update(MOE_CONFIGS)
+
 
 def build_hf_model(name: str, seed: int = 0):
     """A random HF model whose biases and norm weights are perturbed too, so every
@@ -39,6 +58,9 @@ def build_hf_model(name: str, seed: int = 0):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
+        for name, p in model.named_parameters():
+            if name.endswith(".gate.weight"):  # routers: spread the logits so the top-k is far from ties
+                p.copy_(0.5 * torch.randn_like(p))
     return model
 
 

@@ -108,9 +108,9 @@ def test_sharded_export_has_index_and_loads(tmp_path):
 def test_unsupported_architecture_is_named(tmp_path):
     build_hf_model("llama").save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    cfg["model_type"] = "mixtral"
+    cfg["model_type"] = "deepseek_v3"
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedModelError, match="mixtral"):
+    with pytest.raises(UnsupportedModelError, match="deepseek_v3"):
         load_hf(str(tmp_path))
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
 from rljax.models import load_hf
 from rljax.rollout import KVCacheConfig, Sampler, SamplerConfig
@@ -28,6 +28,10 @@ HF_CONFIGS = {
     "llama": lambda: LlamaConfig(**COMMON),
     "qwen2": lambda: Qwen2Config(**COMMON, tie_word_embeddings=True),
     "qwen3": lambda: Qwen3Config(**COMMON, head_dim=32),
+    # mixtures of experts: 8 experts of width 32 (Qwen3-MoE) / 128 (Mixtral), top 2
+    "qwen3_moe": lambda: Qwen3MoeConfig(**COMMON, head_dim=32, moe_intermediate_size=32, num_experts=8,
+                                        num_experts_per_tok=2, norm_topk_prob=True),
+    "mixtral": lambda: MixtralConfig(**COMMON, num_local_experts=8, num_experts_per_tok=2),
 }
 
 

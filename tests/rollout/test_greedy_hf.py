@@ -21,7 +21,7 @@ def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"])
 def test_greedy_matches_transformers_with_preemption(hf_models, family):
     hf, path = hf_models[family]
     prompts = random_prompts(LENGTHS, seed=1)
