@@ -226,9 +226,10 @@ def paged_decode_attention_tpu(
     layer's null page to a multiple of the block. The kernel reads K / V through bfloat16
     (it casts the loaded pages), exact for the bfloat16 pools a run uses.
 
-    `mesh`: with the pools split over its "tensor" axis on kv heads (`cache_sharding`),
-    the kernel runs per shard in `shard_map` (q heads split alike; a Pallas call cannot
-    be partitioned by GSPMD). `interpret`: TPU interpret mode (CPU tests)."""
+    `mesh`: where the pools live. On a mesh of several devices the kernel runs per shard
+    in `shard_map` (GSPMD cannot partition a Mosaic call): kv heads (and their query
+    heads) split over "tensor" when the pools are (`cache_sharding`), whole on every
+    device otherwise. `interpret`: TPU interpret mode (CPU tests)."""
     from jax.experimental.pallas import tpu as pltpu
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
 
@@ -251,12 +252,13 @@ def paged_decode_attention_tpu(
     def kernel(qs, flat_k, flat_v, lengths, ids):
         return paged_attention(qs, flat_k, flat_v, lengths, ids, pages_per_compute_block=block)
 
-    tensor = mesh.shape.get("tensor", 1) if mesh is not None else 1
-    if tensor > 1 and flat_k.shape[0] % tensor == 0:
+    if mesh is not None and mesh.size > 1:  # a Mosaic call is never partitioned by GSPMD: run it per shard
+        tensor = mesh.shape.get("tensor", 1)
+        heads = "tensor" if tensor > 1 and flat_k.shape[0] % tensor == 0 else None  # as `cache_sharding` splits
         P = jax.sharding.PartitionSpec
         kernel = jax.shard_map(kernel, mesh=mesh, check_vma=False,
-                               in_specs=(P(None, "tensor", None), P("tensor"), P("tensor"), P(), P()),
-                               out_specs=P(None, "tensor", None))
+                               in_specs=(P(None, heads, None), P(heads), P(heads), P(), P()),
+                               out_specs=P(None, heads, None))
     if interpret:
         with pltpu.force_tpu_interpret_mode():
             out = kernel(qs, flat_k, flat_v, lengths, ids)
@@ -310,12 +312,16 @@ def choose_decode_attention(backend: str, head_dim: int) -> str:
     return "reference"
 
 
+def resolve_decode_attention(name: str, head_dim: int) -> str:
+    """`name`, or for "auto" what it runs on the platform being compiled for."""
+    return choose_decode_attention(target_backend(), head_dim) if name == "auto" else name
+
+
 def decode_attention(name: str, head_dim: int, page_size: int, mesh=None) -> PagedAttentionFn:
     """The attention used by decode steps for a `SamplerConfig.attention` value, for the
     platform being compiled for (`target_backend`). `mesh`: where the pools live (their
     `NamedSharding`'s mesh), for the kernels that run per shard."""
-    if name == "auto":
-        name = choose_decode_attention(target_backend(), head_dim)
+    name = resolve_decode_attention(name, head_dim)
     if name not in DECODE_ATTENTION:
         raise ValueError(f"unknown paged attention {name!r}; choose auto | {' | '.join(DECODE_ATTENTION)}")
     return DECODE_ATTENTION[name](head_dim, page_size, mesh)

@@ -59,15 +59,18 @@ def forward_and_sample(
     write_page = jnp.where(valid, write_page, 0)  # [B, T]
     write_slot = jnp.where(valid, positions % page_size, 0)  # [B, T]
     cos, sin = rope_cos_sin(positions, config)  # [B, T, D] each
+    heads = jnp.arange(config.num_key_value_heads, dtype=jnp.int32)[:, None, None]  # [K, 1, 1] scatter index
 
     def block(carry, xs):
         x, kc, vc = carry  # x [B, T, E]
         p, layer = xs
         q, k, v = attention_inputs(p, x, cos, sin, config)  # q [B, T, N, D], k / v [B, T, K, D]
-        # the pools are kv-heads-major: the indexed slots are [K, B, T, D]
+        # the pools are kv-heads-major [K, L, P, S, D]; the kv head is an index of the scatter (not a
+        # window dimension), so each update is one contiguous D row and XLA keeps the pool's own layout
+        # (with K in the window it relaid the pool out K-minor and copied it back for the TPU kernel)
         k_t, v_t = k.transpose(2, 0, 1, 3), v.transpose(2, 0, 1, 3)  # [K, B, T, D] (this step's tokens only)
-        kc = kc.at[:, layer, write_page, write_slot].set(k_t.astype(kc.dtype), mode="promise_in_bounds")
-        vc = vc.at[:, layer, write_page, write_slot].set(v_t.astype(vc.dtype), mode="promise_in_bounds")
+        kc = kc.at[heads, layer, write_page, write_slot].set(k_t.astype(kc.dtype), mode="promise_in_bounds")
+        vc = vc.at[heads, layer, write_page, write_slot].set(v_t.astype(vc.dtype), mode="promise_in_bounds")
         attn = attention(q, kc, vc, layer, page_table, positions, kv_lens)  # [B, T, N, D]
         x, _ = attention_output_and_mlp(p, x, attn.astype(x.dtype), config, valid=valid)  # [B, T, E]
         return (x, kc, vc), None

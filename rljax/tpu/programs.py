@@ -39,6 +39,7 @@ from rljax.rl.generation import sampler_config
 from rljax.rl.learner import learner_update
 from rljax.rl.objectives import actor_objective, critic_objective
 from rljax.rl.trainer import CRITIC_KEYS, actor_keys
+from rljax.rollout.attention import resolve_decode_attention
 from rljax.rollout.buckets import Buckets
 from rljax.rollout.config import SamplerConfig
 from rljax.rollout.device_step import make_programs
@@ -62,6 +63,10 @@ class Program:
     model_flops: matmul FLOPs of those tokens (`ModelConfig.flops_per_token`), 0 for the
         hand-off.
     devices: chips the program runs on (a replica's for the sampler).
+    kernel_bytes: HBM bytes per chip per call read inside Pallas kernels, which XLA's
+        cost analysis does not see (a Mosaic custom call counts 0): the decode step's
+        K / V pages under `attention: pallas_tpu`, for full page tables (an upper
+        bound: the kernel stops at each row's length). Added to the roofline's bytes.
     """
 
     name: str
@@ -72,6 +77,7 @@ class Program:
     model_flops: float
     devices: int
     mesh: Any  # the mesh active while it is traced (a replica's for the sampler)
+    kernel_bytes: float = 0.0
 
     def lower(self):
         # the abstract mesh only (what `constrain` and the kernels' shard_map read): a concrete TPU mesh
@@ -265,6 +271,7 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
 
     with compiling_for(_platform(mesh)):
         fns = make_programs(graphdef, config, model.head_dim, pool_sharding=pool_sharding)
+        decode_kernel = resolve_decode_attention(config.attention, model.head_dim)
     width = buckets.width[-1]
     out = []
     budget = config.max_num_batched_tokens
@@ -284,9 +291,15 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
     inputs = DecodeInputs(arr((b,), jnp.int32), arr((b,), jnp.int32), arr((b, width), jnp.int32), arr((b,), jnp.int32),
                           sampling(b))
     length = width * config.kv_cache.page_size
-    out.append(Program(f"decode [{b}x1 x {steps} steps, W={width}]", "decode", fns[StepKind.DECODE],
-                       (state, pool, pool, inputs), b * steps,
-                       b * steps * model.flops_per_token(length, training=False), n, mesh))
+    kernel_bytes = 0.0
+    if decode_kernel == "pallas_tpu":  # K and V of every row's full table, each layer, each step
+        tensor = mesh.shape.get("tensor", 1)
+        heads = model.num_key_value_heads // tensor if model.num_key_value_heads % tensor == 0 else \
+            model.num_key_value_heads  # per chip, as `cache_sharding` splits the pool
+        kernel_bytes = 2.0 * steps * b * model.num_hidden_layers * heads * length * model.head_dim * dtype.itemsize
+    out.append(Program(f"decode [{b}x1 x {steps} steps, W={width}, {decode_kernel} attention]", "decode",
+                       fns[StepKind.DECODE], (state, pool, pool, inputs), b * steps,
+                       b * steps * model.flops_per_token(length, training=False), n, mesh, kernel_bytes))
     return out
 
 

@@ -22,7 +22,10 @@ counted: collectives' time (ICI), the overlap the bound assumes perfect, a chunk
 log-prob loop of more than one 1024-token chunk (counted once), weights read once per
 mini-batch instead of once per micro-batch, and the work inside Pallas kernels (splash
 attention is a custom call, opaque to XLA's cost analysis: its FLOPs and bytes are 0),
-so the train-step bound is optimistic by the attention's share.
+so the train-step bound is optimistic by the attention's share. The decode step's TPU
+paged-attention kernel is the exception: its K / V reads, the bulk of a decode step's
+HBM traffic at long context, are added by hand (`Program.kernel_bytes`, for full page
+tables) and shown apart as "in kernels".
 """
 
 from __future__ import annotations
@@ -83,23 +86,24 @@ class Roofline:
     name: str
     kind: str
     flops: float  # compiler FLOPs per chip, extrapolated to every layer
-    bytes: float  # compiler HBM bytes per chip, likewise
+    bytes: float  # compiler HBM bytes per chip, likewise, plus kernel_bytes
     seconds: float  # max(flops / peak, bytes / bandwidth)
     bound: str  # "compute" or "memory"
     mfu: float  # train: model FLOPs per chip / (peak x seconds); else 0
     tokens_per_s: float  # decode: tokens per call / seconds, per replica; else 0
+    kernel_bytes: float = 0.0  # of `bytes`: read inside Pallas kernels (`Program.kernel_bytes`), not by XLA
 
 
 def roofline(program: Program, zero: Compiled, one: Compiled, layers: int, chip: Chip) -> Roofline:
     """The bound of `program` from its 0- and 1-layer builds (`zero`, `one`)."""
     flops = zero.flops + layers * (one.flops - zero.flops)
-    nbytes = zero.bytes_accessed + layers * (one.bytes_accessed - zero.bytes_accessed)
+    nbytes = zero.bytes_accessed + layers * (one.bytes_accessed - zero.bytes_accessed) + program.kernel_bytes
     compute, memory = flops / chip.peak_flops, nbytes / chip.hbm_bandwidth
     seconds = max(compute, memory, 1e-12)
     mfu = program.model_flops / program.devices / (chip.peak_flops * seconds) if program.kind == "train" else 0.0
     tokens = program.tokens / seconds if program.kind == "decode" else 0.0
     return Roofline(program.name, program.kind, flops, nbytes, seconds, "compute" if compute >= memory else "memory",
-                    mfu, tokens)
+                    mfu, tokens, program.kernel_bytes)
 
 
 def roofline_programs(cfg, devices, chip: Chip, num_pages: int, kinds=("train", "decode"),
@@ -146,7 +150,8 @@ def render(compiled: list[Compiled], chip: Chip, estimates: dict[str, int] | Non
         for r in rooflines:
             what = (f"MFU <= {r.mfu:.0%}" if r.kind == "train"
                     else f"<= {r.tokens_per_s:,.0f} tokens/s per replica, {r.tokens_per_s * replicas:,.0f} per slice")
-            lines.append(f"  {r.name}: {r.flops / 1e12:.3f} TFLOP, {r.bytes / 1e9:.3f} GB per chip per call -> "
+            kernels = f" ({r.kernel_bytes / 1e9:.3f} GB of it in Pallas kernels)" if r.kernel_bytes else ""
+            lines.append(f"  {r.name}: {r.flops / 1e12:.3f} TFLOP, {r.bytes / 1e9:.3f} GB{kernels} per chip per call -> "
                          f">= {r.seconds * 1e3:.2f} ms ({r.bound}-bound); {what}")
     return lines
 
