@@ -18,6 +18,7 @@ BENCHES: dict[str, str] = {
     "rollout": "rollout",
     "lora": "lora",
     "lora_learning": "lora_learning",
+    "moe": "moe",
 }
 
 

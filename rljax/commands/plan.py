@@ -134,8 +134,26 @@ def resolved_attention(name: str, backend: str, compute_dtype: str, head_dim: in
     return choose_attention(backend, compute_dtype, head_dim, True)
 
 
+def moe_mlp_terms(cfg, fsdp: int, tensor: int) -> tuple[float, float]:
+    """Values per token of this device's rows, in units of the compute dtype, that one MoE
+    layer keeps (`rljax.models.moe.expert_parallel_dispatch`): the fsdp group's tokens are
+    gathered (G = fsdp tokens per own token) and each of their k slots gets a buffer row,
+    dropless, so sized for every slot although only the local experts' are non-zero:
+        none:      fsdp (2e + k (2e + 3F / t))     gathered tokens, partial sums; sorted
+                                                   rows, expert outputs, gate, up, act
+        save_dots: fsdp k (e + 2F / t)             the grouped matmuls' outputs"""
+    e, k, f = cfg.hidden_size, cfg.num_experts_per_tok, cfg.moe_intermediate_size
+    return fsdp * (2 * e + k * (2 * e + 3 * f / tensor)), fsdp * k * (e + 2 * f / tensor)
+
+
+def moe_dispatch_bytes(cfg, rows: int, seq: int, fsdp: int, tensor: int, compute_bytes: int) -> int:
+    """One MoE layer's dispatch buffers on one device: b T c fsdp (2e + k (2e + 3F / t))
+    (`moe_mlp_terms`, none)."""
+    return int(rows * seq * compute_bytes * moe_mlp_terms(cfg, fsdp, tensor)[0])
+
+
 def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, remat: str,
-                     attention: str = "xla") -> int:
+                     attention: str = "xla", fsdp: int = 1) -> int:
     """Activations kept for the backward pass of one micro-batch on one device.
 
     b = rows per device, T = tokens per row, L layers, e hidden, h heads, k kv heads,
@@ -150,17 +168,21 @@ def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, 
       none:      L b T (A + S)
       save_dots: L b T c (3e + (h + 2k) D / t + 2m / t)  + one layer's b T (A + S)
       full:      L b T c e                              + one layer's b T (A + S)
+    A mixture-of-experts layer replaces the MLP terms 3m / t and 2m / t by its dispatch
+    buffers per token of this device (`moe_mlp_terms`).
     """
-    e, h, k, d, m, L = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                        cfg.intermediate_size, cfg.num_hidden_layers)
+    e, h, k, d, L = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                     cfg.num_hidden_layers)
     c = compute_bytes
-    per_token = c * (4 * e + (2 * h + 2 * k) * d / tensor + 3 * m / tensor)
+    mlp_none, mlp_dots = moe_mlp_terms(cfg, fsdp, tensor) if cfg.is_moe else (
+        3 * cfg.intermediate_size / tensor, 2 * cfg.intermediate_size / tensor)
+    per_token = c * (4 * e + (2 * h + 2 * k) * d / tensor + mlp_none)
     scores = (4 + c) * h * seq / tensor if attention == "xla" else 0  # the other kernels are flash-style
     one_layer = rows * seq * (per_token + scores)
     if remat == "none":
         return int(L * one_layer)
     if remat == "save_dots":
-        return int(L * rows * seq * c * (3 * e + (h + 2 * k) * d / tensor + 2 * m / tensor) + one_layer)
+        return int(L * rows * seq * c * (3 * e + (h + 2 * k) * d / tensor + mlp_dots) + one_layer)
     if remat == "full":
         return int(L * rows * seq * c * e + one_layer)
     raise ValueError(f"unknown remat {remat!r}")
@@ -348,10 +370,21 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
              + (" (adapters only)" if lora else ""), t_bytes * (2 if num_micro > 1 else 1))
     if policy.compute_dtype != policy.param_dtype:
         plan.add(f"params cast to {policy.compute_dtype} (live through the step)", per_device_params * c)
-    layer_params = (total_params - trained_params - cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+    layer_params = (total_params - cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
                     - cfg.hidden_size) // cfg.num_hidden_layers
+    if cfg.is_moe:  # experts stay split over fsdp: only the rest of a layer is gathered
+        expert_params = 3 * cfg.num_experts * cfg.hidden_size * cfg.moe_intermediate_size
+        layer_params -= expert_params
+        experts = {k: v for k, v in params["layers"].items() if k.startswith("expert_")}
+        plan.add(f"expert weights, part of params ({cfg.num_experts} experts over fsdp={mesh.shape['fsdp']}, "
+                 f"{-(-cfg.num_experts // mesh.shape['fsdp'])} per device)",
+                 planned_bytes(experts, state_shardings(experts, mesh)), count=False)
+        plan.add("MoE dispatch buffers, one layer (in the activations)",
+                 moe_dispatch_bytes(cfg, rows, seq, mesh.shape["fsdp"], tensor, c), count=False)
     if mesh.shape["fsdp"] > 1:
-        plan.add("one layer's weights all-gathered over fsdp (x2, prefetch)", 2 * layer_params // tensor * c)
+        plan.add("one layer's weights all-gathered over fsdp (x2, prefetch)" + (" (not the experts)" if cfg.is_moe
+                                                                                 else ""),
+                 2 * layer_params // tensor * c)
     reference_bytes = 0 if lora else p_bytes  # LoRA: the reference is the base with adapters off
     if reference:
         plan.add(f"reference model ({policy.param_dtype}, frozen)" + (": the base, adapters off (no copy)" if lora
@@ -371,7 +404,7 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
         plan.add("critic: params + optimizer + gradients", p_bytes + o_bytes + t_bytes)
     kernel = resolved_attention(section.attention, backend, policy.compute_dtype, cfg.head_dim)
     for remat in ("none", "save_dots", "full"):
-        act = activation_bytes(cfg, rows, seq, tensor, c, remat, kernel)
+        act = activation_bytes(cfg, rows, seq, tensor, c, remat, kernel, mesh.shape["fsdp"])
         plan.add(f"activations, remat={remat}" + (" (configured)" if remat == section.remat else ""),
                  act, count=remat == section.remat)
     plan.add("logits, chunked log-probs", logits_bytes(cfg, rows, seq, tensor))

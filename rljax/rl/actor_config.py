@@ -80,6 +80,9 @@ class ActorConfig:
     # a per-token estimator (k1, k2, k3 = low_var_kl, abs, "+" variants) or "full": the exact
     # KL(pi || pi_ref) over the vocabulary at each response position (rljax.algos.kl.kl_from_hidden)
     kl_loss_type: str = "low_var_kl"
+    # weight of the mixture-of-experts load-balancing loss (rljax.algos.router_loss), added
+    # to the actor loss; 0: off. Mixture-of-experts models only (verl / HF: router_aux_loss_coef)
+    router_aux_loss_coef: NonNegFloat = 0.0
     policy_loss: PolicyLossSection = field(default_factory=PolicyLossSection)  # the loss and its options
     use_rollout_log_probs: bool = False  # old log-probs = the sampler's (skip the recompute)
     # Removed: use algorithm.rollout_correction (rollout_is=token, rollout_is_threshold=<cap>).

@@ -3,6 +3,13 @@
 Actor loss (verl's `dp_actor.update_policy`):
 
     L = pg_loss(loss_mode)  +  kl_loss_coef * kl_loss  (use_kl_loss)  -  entropy_coeff * entropy
+        +  router_aux_loss_coef * L_aux  (mixture-of-experts models)
+
+L_aux is the load-balancing loss (`rljax.algos.router_loss`) over the non-padding tokens
+of each micro-batch (as transformers computes it per forward), averaged over the
+micro-batches weighted by their rows: being a product of two means it is not additive
+over micro-batches, so unlike the other terms it depends on the micro-batch split. The
+KL terms read token log-probs only; router logits never enter them.
 
 Each term is aggregated with its own global denominator over the whole mini-batch (the
 step's `totals`, computed once from the masks), so splitting into micro-batches and
@@ -32,6 +39,7 @@ from rljax.algos.log_probs import log_probs_from_hidden
 from rljax.algos.masked import masked_mean, safe_divide
 from rljax.algos.registry import get_policy_loss_fn, loss_denominator
 from rljax.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
+from rljax.algos.router_loss import load_balancing_loss
 from rljax.algos.value import compute_value_loss
 from rljax.rl.config import ActorConfig, CriticConfig, RolloutCorrectionSection
 
@@ -102,7 +110,7 @@ def actor_objective(actor: ActorConfig, temperature: float,
 
     def objective(model, batch, frozen, totals, key):
         mask = batch["response_mask"]
-        hidden = model.hidden_states(batch["input_ids"], attention_mask=batch["attention_mask"])
+        hidden, routing = model.hidden_states_and_routing(batch["input_ids"], attention_mask=batch["attention_mask"])
         log_prob, entropy = log_probs_from_hidden(hidden, model.unembedding(), batch["input_ids"],
                                                   temperature=temperature, compute_entropy=True)
         weights, pg_mask, metrics = pg_weights_and_mask(batch, log_prob)
@@ -126,6 +134,14 @@ def actor_objective(actor: ActorConfig, temperature: float,
             loss = loss + actor.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = as_metric(kl_loss)  # agg(kl), as verl
             metrics["actor/kl_coef"] = jnp.asarray(actor.kl_loss_coef, jnp.float32)
+        if actor.router_aux_loss_coef and routing is None:
+            raise ValueError(f"actor.router_aux_loss_coef={actor.router_aux_loss_coef}: the model "
+                             f"({model.config.model_type}) is not a mixture of experts")
+        if routing is not None:
+            tokens = jnp.sum(batch["attention_mask"].astype(jnp.float32)) * routing.counts.shape[0]
+            aux = load_balancing_loss(routing.counts, routing.prob_sum, tokens)
+            loss = loss + actor.router_aux_loss_coef * aux * rows / totals["rows"]  # rows-weighted mean
+            metrics["actor/router_aux_loss"] = sg(aux)  # the step weighs metrics by rows: the same mean
         metrics["actor/pg_loss"] = as_metric(pg)
         return AggTerms(loss * totals["rows"], rows), metrics
 

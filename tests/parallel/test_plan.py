@@ -135,3 +135,25 @@ def test_plan_lora_critic_shares_the_actors_base():
     assert critic < names["params (float32) (frozen base + adapters)"]
     full = dict(make_plan(rollout_raw("algorithm.adv_estimator=gae"), devices=1).rows)
     assert full["critic: params + optimizer + gradients"] > full["params (float32)"]  # full fine-tuning: its own
+
+
+def test_plan_of_qwen3_30b_a3b_on_64_v5p_chips():
+    """Experts over fsdp=64: 2 of the 128 experts per chip, the dispatch buffers of one
+    layer as the hand formula gives them, and the run fits 95 GB; data=8 x fsdp=8 keeps
+    8x the fp32 weights and AdamW state per chip and does not."""
+    config = TINY.replace("sft_tiny.yaml", "gsm8k_qwen3_30b_a3b_grpo.yaml")
+    plan = make_plan(load_raw(config, []), devices=64, device_memory_gb=95, backend="tpu")
+    names = rows(plan)
+    layers, experts_here, e, f, k = 48, 2, 2048, 768, 8
+    assert names["expert weights, part of params (128 experts over fsdp=64, 2 per device)"] == \
+        layers * 3 * experts_here * e * f * 4
+    b, t, fsdp, c = 1, 512 + 1024, 64, 2  # rows per device, prompt + response, bf16
+    assert names["MoE dispatch buffers, one layer (in the activations)"] == \
+        b * t * c * fsdp * (2 * e + k * (2 * e + 3 * f))
+    assert names["one layer's weights all-gathered over fsdp (x2, prefetch) (not the experts)"] > 0
+    assert plan.notes[0].split("->")[1].startswith(" fits")
+    crowded = make_plan(load_raw(config, ["mesh.data=8", "mesh.fsdp=8"]), devices=64, device_memory_gb=95,
+                        backend="tpu")
+    assert "DOES NOT FIT" in crowded.notes[0]
+    # 8x, but for the few small tensors (q / k norms) every chip holds whole
+    assert 7.99 < rows(crowded)["params (float32)"] / names["params (float32)"] <= 8
