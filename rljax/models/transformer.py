@@ -306,8 +306,13 @@ class Decoder(nnx.Module):
 
     def layer_arrays(self, adapters: bool = True) -> dict[str, jax.Array]:
         """Stacked per-layer arrays, cast to the compute dtype; LoRA B matrices scaled by
-        alpha / r, or the adapters left out (`adapters=False`: the base model)."""
-        return cast_tree(scaled(self.layers.arrays(), self.lora_scale, adapters), self.policy.compute)
+        alpha / r, or the adapters left out (`adapters=False`: the base model). A MoE
+        router stays float32 (at least): routing decisions are not made in bf16."""
+        arrays = scaled(self.layers.arrays(), self.lora_scale, adapters)
+        out = cast_tree(arrays, self.policy.compute)
+        if "router" in arrays:
+            out["router"] = arrays["router"].astype(jnp.promote_types(arrays["router"].dtype, jnp.float32))
+        return out
 
     def final_hidden(self, x: jax.Array) -> jax.Array:
         return rms_norm(x, self.final_norm[...].astype(self.policy.compute), self.config.rms_norm_eps)

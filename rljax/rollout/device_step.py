@@ -11,6 +11,8 @@ construction (the pools beside the model's parameters).
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -48,6 +50,20 @@ def make_programs(graphdef: nnx.GraphDef, config: SamplerConfig, head_dim: int,
     }
 
 
+def _expert_mesh(model: Decoder, state: nnx.State):
+    """The (data, fsdp, tensor) mesh a MoE model's experts are laid out on, else None."""
+    from jax.sharding import NamedSharding
+
+    from rljax.parallel import MESH_AXES
+
+    if not model.config.is_moe:
+        return None
+    sharding = state["layers"]["expert_gate"][...].sharding
+    if isinstance(sharding, NamedSharding) and set(MESH_AXES) <= set(sharding.mesh.axis_names):
+        return sharding.mesh
+    return None
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one call sampled, per plan row (padding rows dropped)."""
@@ -60,8 +76,11 @@ class DeviceStep:
     """Compiled prefill / decode programs over one set of parameters and one `KVPool`."""
 
     def __init__(self, graphdef: nnx.GraphDef, state: nnx.State, pool: KVPool, config: SamplerConfig,
-                 head_dim: int):
+                 head_dim: int, mesh=None):
         self.graphdef = graphdef
+        # traced under this (data, fsdp, tensor) mesh when given: a MoE model's experts stay
+        # split over it (`rljax.models.moe.expert_parallel_dispatch`), as in the train step
+        self.mesh = mesh
         self.state = state
         self.pool = pool
         self.buckets = Buckets.from_config(config)
@@ -79,7 +98,7 @@ class DeviceStep:
         sharding = cache_sharding(state, model.config.num_key_value_heads)
         device = min(sharding.device_set, key=lambda d: d.id)
         shape = plan_cache(model.config, config, model.policy.compute, device)
-        return cls(graphdef, state, KVPool(shape, sharding), config, model.config.head_dim)
+        return cls(graphdef, state, KVPool(shape, sharding), config, model.config.head_dim, _expert_mesh(model, state))
 
     def _traced(self, kind: str) -> Callable[[], None]:
         def on_trace():
@@ -91,9 +110,12 @@ class DeviceStep:
         """Run one call; the pools are replaced by the updated ones."""
         inputs = PACKERS[plan.kind](plan.rows, self.buckets)
         self._label = inputs.label
-        self.pool.k, self.pool.v, tokens, log_probs = self.programs[plan.kind](
-            self.state, self.pool.k, self.pool.v, inputs
-        )
+        context = contextlib.nullcontext() if self.mesh is None else jax.sharding.use_abstract_mesh(
+            self.mesh.abstract_mesh)
+        with context:
+            self.pool.k, self.pool.v, tokens, log_probs = self.programs[plan.kind](
+                self.state, self.pool.k, self.pool.v, inputs
+            )
         tokens, log_probs = jax.device_get((tokens, log_probs))  # [B] (prefill) or [B, steps] (decode)
         rows, padded = len(plan.rows), tokens.shape[0]
         return StepResult(tokens.reshape(padded, -1)[:rows], log_probs.reshape(padded, -1)[:rows])

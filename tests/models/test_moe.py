@@ -107,3 +107,11 @@ def test_dispatch_equals_every_expert_computed_densely():
     held = np.asarray((experts >= 4) & (experts < 8))
     part = dispatch(h, w, experts, gate[4:], up[4:], down[4:], first_expert=4)
     np.testing.assert_allclose(part, dense_reference(h, jnp.where(held, w, 0.0), experts, gate, up, down), atol=1e-5)
+
+
+def test_router_stays_float32_under_bf16_compute():
+    from rljax.models.config import DTypePolicy
+
+    model = init_model(ModelConfig.from_hf_dict(_qwen3_moe_dict()), policy=DTypePolicy("float32", "bfloat16"))
+    arrays = model.layer_arrays()
+    assert arrays["router"].dtype == jnp.float32 and arrays["expert_gate"].dtype == jnp.bfloat16

@@ -36,3 +36,31 @@ def test_greedy_matches_transformers_with_preemption(hf_models, family):
     for prompt, completion in zip(prompts, out):
         assert completion.finish_reason == "length"
         assert completion.token_ids == hf_greedy(hf, prompt, NEW)
+
+
+def test_moe_greedy_with_experts_over_the_mesh_matches_transformers(hf_models, monkeypatch):
+    """Qwen3-MoE with its experts split over fsdp = 4 (and their width over tensor = 2):
+    the sampler traces its programs under the experts' mesh, so its forward runs the
+    expert-parallel dispatch (`shard_map`), and greedy tokens are still transformers'."""
+    import jax
+    from flax import nnx
+
+    import rljax.parallel
+    from rljax.parallel import MeshConfig, make_mesh, state_shardings
+
+    seen = []  # the mesh each MoE layer's dispatch saw when traced
+    active = rljax.parallel.active_mesh
+    monkeypatch.setattr(rljax.parallel, "active_mesh", lambda: seen.append(active()) or seen[-1])
+    hf, path = hf_models["qwen3_moe"]
+    mesh = make_mesh(MeshConfig(fsdp=4, tensor=2))
+    graphdef, state = nnx.split(load_hf(path))
+    shardings = jax.tree.map(lambda v: v.get_value(), state_shardings(state, mesh),
+                             is_leaf=lambda x: isinstance(x, nnx.Variable))
+    model = nnx.merge(graphdef, jax.device_put(state, shardings))
+    assert model.layers.expert_gate[...].sharding.spec[:4] == (None, "fsdp", None, "tensor")
+    prompts = random_prompts([3, 21, 8, 13], seed=2)
+    with Sampler(model, sampler_config(num_pages=64)) as sampler:
+        out = sampler.generate(prompts, SamplingParams(temperature=0.0, max_tokens=NEW))
+    assert seen and all(m is not None and m.shape["fsdp"] == 4 for m in seen)
+    for prompt, completion in zip(prompts, out):
+        assert completion.token_ids == hf_greedy(hf, prompt, NEW)
