@@ -131,16 +131,18 @@ def test_tpu_paged_kernel_equals_reference(heads):
         np.testing.assert_array_equal(got[4], 0.0)  # an empty row: zeros, not NaN
 
 
-def test_tpu_paged_kernel_on_a_pool_split_over_tensor():
-    """Pools split on kv heads over a tensor=2 mesh (as `cache_sharding` lays them out):
-    the kernel runs per shard in shard_map and equals the reference."""
+@pytest.mark.parametrize("tensor", [2, 1])
+def test_tpu_paged_kernel_on_a_mesh(tensor):
+    """On a 2-device mesh the kernel runs per shard in shard_map: pools split on kv heads
+    over tensor=2 (as `cache_sharding` lays them out), or whole on both devices (fsdp=2,
+    the sampler on a training mesh). Both equal the reference."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from rljax.parallel import MeshConfig, make_mesh
 
-    mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=2), jax.devices()[:2])
+    mesh = make_mesh(MeshConfig(data=1, fsdp=2 // tensor, tensor=tensor), jax.devices()[:2])
     q, k_pool, v_pool, table, positions, kv_lens = tpu_kernel_case(5, N)
-    split = NamedSharding(mesh, P("tensor", None, None, None, None))
+    split = NamedSharding(mesh, P("tensor" if tensor > 1 else None, None, None, None, None))
     k_split, v_split = jax.device_put(k_pool, split), jax.device_put(v_pool, split)
     kernel = jax.jit(functools.partial(paged_decode_attention_tpu, interpret=True, mesh=mesh))
     got = kernel(q, k_split, v_split, jnp.int32(1), table, positions, kv_lens)
