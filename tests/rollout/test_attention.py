@@ -116,13 +116,14 @@ def tpu_kernel_case(seed: int, heads: int):
     return q, k_pool, v_pool, table, jnp.maximum(kv_lens - 1, 0)[:, None], kv_lens
 
 
-@pytest.mark.parametrize("heads", [K, N])  # one query head per kv head; grouped-query (4 per kv head)
-def test_tpu_paged_kernel_equals_reference(heads):
+@pytest.mark.parametrize("heads, cores", [(K, 1), (N, 1), (N, 2)])  # 1 or 4 query heads per kv head; megacore
+def test_tpu_paged_kernel_equals_reference(heads, cores):
     """12-page tables with 4-token pages: blocks of 16 pages, the table padded with the
-    layer's null page; rows of 45, 1, 33 and 5 keys."""
+    layer's null page; rows of 45, 1, 33 and 5 keys. `cores=2`: a megacore chip (kv heads
+    split over its 2 TensorCores, simulated)."""
     q, k_pool, v_pool, table, positions, kv_lens = tpu_kernel_case(4, heads)
     reference = jax.jit(paged_attention_reference)
-    kernel = jax.jit(functools.partial(paged_decode_attention_tpu, interpret=True))
+    kernel = jax.jit(functools.partial(paged_decode_attention_tpu, interpret=True, cores=cores))
     for layer in range(L):
         want = reference(q, k_pool, v_pool, jnp.int32(layer), table, positions, kv_lens)
         got = kernel(q, k_pool, v_pool, jnp.int32(layer), table, positions, kv_lens)
