@@ -214,6 +214,7 @@ def paged_decode_attention_tpu(
     *,
     interpret: bool = False,
     mesh=None,
+    cores: int = 1,
 ) -> jax.Array:
     """Decode attention (T == 1) with JAX's TPU paged-attention kernel
     (`jax.experimental.pallas.ops.tpu.paged_attention`, a flash-decoding kernel that DMAs
@@ -229,7 +230,10 @@ def paged_decode_attention_tpu(
     `mesh`: where the pools live. On a mesh of several devices the kernel runs per shard
     in `shard_map` (GSPMD cannot partition a Mosaic call): kv heads (and their query
     heads) split over "tensor" when the pools are (`cache_sharding`), whole on every
-    device otherwise. `interpret`: TPU interpret mode (CPU tests)."""
+    device otherwise. `cores`: TensorCores per device (2 on megacore chips, v4 / v5p):
+    with 2 the kernel's grid splits kv heads (or rows, when the shard has one kv head)
+    over both cores (`megacore_mode`), which the kernel says to set only on such chips.
+    `interpret`: TPU interpret mode (CPU tests), simulating `cores` cores."""
     from jax.experimental.pallas import tpu as pltpu
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
 
@@ -249,8 +253,12 @@ def paged_decode_attention_tpu(
     qs = q[:, 0] * jnp.asarray(d**-0.5, q.dtype)  # [B, N, D]
     lengths = kv_lens.astype(jnp.int32)
 
-    def kernel(qs, flat_k, flat_v, lengths, ids):
-        return paged_attention(qs, flat_k, flat_v, lengths, ids, pages_per_compute_block=block)
+    def kernel(qs, flat_k, flat_v, lengths, ids):  # per shard
+        megacore = None
+        if cores == 2:
+            megacore = "kv_head" if flat_k.shape[0] % 2 == 0 else "batch" if qs.shape[0] % 2 == 0 else None
+        return paged_attention(qs, flat_k, flat_v, lengths, ids, pages_per_compute_block=block,
+                               megacore_mode=megacore)
 
     if mesh is not None and mesh.size > 1:  # a Mosaic call is never partitioned by GSPMD: run it per shard
         tensor = mesh.shape.get("tensor", 1)
@@ -260,7 +268,7 @@ def paged_decode_attention_tpu(
                                in_specs=(P(None, heads, None), P(heads), P(heads), P(), P()),
                                out_specs=P(None, heads, None))
     if interpret:
-        with pltpu.force_tpu_interpret_mode():
+        with pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(num_cores_or_threads=cores)):
             out = kernel(qs, flat_k, flat_v, lengths, ids)
     else:
         out = kernel(qs, flat_k, flat_v, lengths, ids)
@@ -294,12 +302,20 @@ def _pallas_gpu(head_dim: int, page_size: int, mesh) -> PagedAttentionFn:
     return functools.partial(paged_decode_attention_pallas, interpret=target_backend() != "gpu")
 
 
+def tensor_cores(mesh) -> int:
+    """TensorCores per device of `mesh` (default: this process's first device): 2 on
+    megacore chips (v4, v5p), 1 otherwise. libtpu's topology devices report it too."""
+    device = next(iter(mesh.devices.flat)) if mesh is not None else jax.devices()[0]
+    return int(getattr(device, "num_cores", 1) or 1) if device.platform == "tpu" else 1
+
+
 @register_decode_attention("pallas_tpu")
 def _pallas_tpu(head_dim: int, page_size: int, mesh) -> PagedAttentionFn:
     on_tpu = target_backend() == "tpu"
     if on_tpu:
         check_tpu_shapes(head_dim)
-    return functools.partial(paged_decode_attention_tpu, interpret=not on_tpu, mesh=mesh)
+    cores = tensor_cores(mesh) if on_tpu else 1
+    return functools.partial(paged_decode_attention_tpu, interpret=not on_tpu, mesh=mesh, cores=cores)
 
 
 def choose_decode_attention(backend: str, head_dim: int) -> str:

@@ -207,18 +207,25 @@ HEAD_DIM_128 = ("{model_type: qwen2, vocab_size: 1024, hidden_size: 256, interme
 
 
 @needs_libtpu
-@pytest.mark.parametrize("tp", [0, 2])  # the pool whole on the training mesh's 4 chips | split over 2 chips
-def test_decode_runs_the_tpu_paged_kernel_on_the_pool_in_place(v5e_2x2, tp):
+@pytest.mark.parametrize("topology, tp", [
+    ("v5e:2x2", 0),  # the pool whole on the training mesh's 4 chips
+    ("v5e:2x2", 2),  # split over a replica's 2 chips
+    ("v5p:2x2x1", 0),  # megacore chips: the kernel splits kv heads over each chip's 2 TensorCores
+])
+def test_decode_runs_the_tpu_paged_kernel_on_the_pool_in_place(topology, tp):
     """head_dim 128 on a TPU: `rollout.attention: auto` is the Mosaic paged-attention
     kernel, reading the pool where it is: the compiled decode program holds no copy or
     transpose of a pool-sized array (only the in-place scatter of the step's keys)."""
+    from rljax.rollout.attention import tensor_cores
+
     cfg = load_config(RLConfig, QUICKSTART, [f"model.hf_config={HEAD_DIM_128}", "model.compute_dtype=bfloat16",
                                              f"rollout.tensor_parallel_size={tp}", "rollout.max_num_seqs=8",
                                              "rollout.page_size=16"])
     assert cfg.rollout.attention == "auto"
-    run = run_programs(cfg, v5e_2x2, num_pages=default_pages(cfg))
+    run = run_programs(cfg, slice_devices(parse_slice(topology)), num_pages=default_pages(cfg))
     decode = run.programs[-1]
     assert decode.kind == "decode" and "pallas_tpu attention" in decode.name
+    assert tensor_cores(decode.mesh) == (2 if topology.startswith("v5p") else 1)
     pool = decode.args[1]  # [K, L, P, S, D], bf16
     k, layers, pages, page, d = pool.sharding.shard_shape(pool.shape)  # one chip's
     assert k == (1 if tp == 2 else 2)

@@ -116,13 +116,14 @@ def tpu_kernel_case(seed: int, heads: int):
     return q, k_pool, v_pool, table, jnp.maximum(kv_lens - 1, 0)[:, None], kv_lens
 
 
-@pytest.mark.parametrize("heads", [K, N])  # one query head per kv head; grouped-query (4 per kv head)
-def test_tpu_paged_kernel_equals_reference(heads):
+@pytest.mark.parametrize("heads, cores", [(K, 1), (N, 1), (N, 2)])  # 1 or 4 query heads per kv head; megacore
+def test_tpu_paged_kernel_equals_reference(heads, cores):
     """12-page tables with 4-token pages: blocks of 16 pages, the table padded with the
-    layer's null page; rows of 45, 1, 33 and 5 keys."""
+    layer's null page; rows of 45, 1, 33 and 5 keys. `cores=2`: a megacore chip (kv heads
+    split over its 2 TensorCores, simulated)."""
     q, k_pool, v_pool, table, positions, kv_lens = tpu_kernel_case(4, heads)
     reference = jax.jit(paged_attention_reference)
-    kernel = jax.jit(functools.partial(paged_decode_attention_tpu, interpret=True))
+    kernel = jax.jit(functools.partial(paged_decode_attention_tpu, interpret=True, cores=cores))
     for layer in range(L):
         want = reference(q, k_pool, v_pool, jnp.int32(layer), table, positions, kv_lens)
         got = kernel(q, k_pool, v_pool, jnp.int32(layer), table, positions, kv_lens)
@@ -131,16 +132,18 @@ def test_tpu_paged_kernel_equals_reference(heads):
         np.testing.assert_array_equal(got[4], 0.0)  # an empty row: zeros, not NaN
 
 
-def test_tpu_paged_kernel_on_a_pool_split_over_tensor():
-    """Pools split on kv heads over a tensor=2 mesh (as `cache_sharding` lays them out):
-    the kernel runs per shard in shard_map and equals the reference."""
+@pytest.mark.parametrize("tensor", [2, 1])
+def test_tpu_paged_kernel_on_a_mesh(tensor):
+    """On a 2-device mesh the kernel runs per shard in shard_map: pools split on kv heads
+    over tensor=2 (as `cache_sharding` lays them out), or whole on both devices (fsdp=2,
+    the sampler on a training mesh). Both equal the reference."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from rljax.parallel import MeshConfig, make_mesh
 
-    mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=2), jax.devices()[:2])
+    mesh = make_mesh(MeshConfig(data=1, fsdp=2 // tensor, tensor=tensor), jax.devices()[:2])
     q, k_pool, v_pool, table, positions, kv_lens = tpu_kernel_case(5, N)
-    split = NamedSharding(mesh, P("tensor", None, None, None, None))
+    split = NamedSharding(mesh, P("tensor" if tensor > 1 else None, None, None, None, None))
     k_split, v_split = jax.device_put(k_pool, split), jax.device_put(v_pool, split)
     kernel = jax.jit(functools.partial(paged_decode_attention_tpu, interpret=True, mesh=mesh))
     got = kernel(q, k_split, v_split, jnp.int32(1), table, positions, kv_lens)
