@@ -24,8 +24,8 @@ gives zeros there), and a `psum_scatter` over fsdp returns each device its token
 sums. Why fsdp rather than a fourth mesh axis: the fsdp group already owns one slice
 of every weight; giving it whole experts instead keeps the mesh (data, fsdp, tensor),
 the batch layout and the optimizer-state layout unchanged. What moves per layer: the
-tokens' all-gather and psum_scatter, 2 fsdp b T E bytes-per-value, instead of
-all-gathering the layer's experts, 3 X E F (Qwen3-30B-A3B, bf16, fsdp = 64, one row of
+tokens' all-gather and psum_scatter, 2 fsdp b T E values, instead of
+all-gathering the layer's experts, 3 X E F values (Qwen3-30B-A3B, bf16, fsdp = 64, one row of
 1536 tokens per chip: 0.8 GB instead of 1.2 GB), and no chip ever holds every expert.
 Experts' MLP width is split over `tensor` (a psum over it ends the down projection).
 
