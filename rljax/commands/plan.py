@@ -147,9 +147,13 @@ def moe_mlp_terms(cfg, fsdp: int, tensor: int) -> tuple[float, float]:
 
 
 def moe_dispatch_bytes(cfg, rows: int, seq: int, fsdp: int, tensor: int, compute_bytes: int) -> int:
-    """One MoE layer's dispatch buffers on one device: b T c fsdp (2e + k (2e + 3F / t))
-    (`moe_mlp_terms`, none)."""
-    return int(rows * seq * compute_bytes * moe_mlp_terms(cfg, fsdp, tensor)[0])
+    """One MoE layer's dispatch buffers on one device, one gather: b' T c fsdp (2e + k (2e +
+    3F / t)) (`moe_mlp_terms`, none), b' the rows per gather (b, or the largest divisor of
+    b with b' fsdp T <= `MAX_GATHERED_TOKENS`: the dispatch runs in chunks of rows)."""
+    from rljax.models.moe import MAX_GATHERED_TOKENS
+
+    chunk = max([d for d in range(1, rows + 1) if rows % d == 0 and d * fsdp * seq <= MAX_GATHERED_TOKENS] or [1])
+    return int(chunk * seq * compute_bytes * moe_mlp_terms(cfg, fsdp, tensor)[0])
 
 
 def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, remat: str,
