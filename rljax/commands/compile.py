@@ -1,5 +1,6 @@
-"""`rljax compile CONFIG [key.sub=value ...] --topology v5e-16 [--num-slices N]`: compile,
-for a TPU slice, every program an RL run of CONFIG executes, without the TPU.
+"""`rljax compile CONFIG [key.sub=value ...] --topology v5e-16 [--num-slices N] [--programs KINDS]`:
+compile, for a TPU slice, every program an RL run of CONFIG executes (or those of the
+kinds `--programs train,decode` names), without the TPU.
 
 libtpu (`pip install "jax[tpu]==<installed jax>"`) describes the slice's devices on any
 host; the run's mesh is built over them by the trainers' own code and every program (the
@@ -27,6 +28,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--num-slices", type=int, default=1, help="slices of that topology (multislice; default 1)")
     parser.add_argument("--all-buckets", action="store_true",
                         help="compile a prefill program for every usable chunk bucket (default: the extremes)")
+    parser.add_argument("--programs", default=None, metavar="KINDS",
+                        help="compile only these program kinds, comma-separated, e.g. train,decode (kinds: train, "
+                             "forward, handoff, prefill, decode; default all); the roofline covers train and "
+                             "decode when chosen")
     parser.add_argument("--no-roofline", action="store_true", help="skip the roofline (4 more small compiles)")
 
 
@@ -48,10 +53,11 @@ def main(args) -> int:
     from rljax.commands.train import kind_of
     from rljax.config import ConfigError, load_config, validate
     from rljax.rl.config import RLConfig
-    from rljax.tpu.programs import default_pages, run_programs
+    from rljax.tpu.programs import PROGRAM_KINDS, default_pages, parse_kinds, run_programs, select
     from rljax.tpu.report import compile_run, overflow, render, roofline_programs
     from rljax.tpu.topology import parse_slice, slice_devices, sub_slice
 
+    kinds = PROGRAM_KINDS if args.programs is None else parse_kinds(args.programs)
     if kind_of(args.config, args.overrides) != "rl":
         raise ConfigError("rljax compile: only RL configs (trainer.algorithm grpo, ppo, ...) are compiled so far")
     tpu = parse_slice(args.topology)
@@ -74,9 +80,15 @@ def main(args) -> int:
              else ""))
     for note in run.notes:
         print(note)
-    compiled = compile_run(run)
+    chosen = select(run, kinds)
+    if not chosen.programs:
+        raise ValueError(f"--programs {args.programs}: this run has no program of those kinds "
+                         f"(it has {', '.join(dict.fromkeys(p.kind for p in run.programs))})")
+    compiled = compile_run(chosen)
     estimates = _estimates(load_raw(args.config, args.overrides), len(devices), tpu.chip.hbm_bytes / 1e9)
-    rooflines = None if args.no_roofline else roofline_programs(cfg, devices, tpu.chip, pages, replica_devices=replica)
+    roofline_kinds = tuple(k for k in ("train", "decode") if k in kinds)
+    rooflines = None if args.no_roofline or not roofline_kinds else roofline_programs(
+        cfg, devices, tpu.chip, pages, kinds=roofline_kinds, replica_devices=replica)
     replicas = run.layout.num_replicas if run.layout else 1
     print("\n".join(["", *render(compiled, tpu.chip, estimates, rooflines, replicas)]))
     problems = overflow(compiled, tpu.chip)

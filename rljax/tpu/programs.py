@@ -52,12 +52,15 @@ from rljax.train.steps import init_train_state
 
 _INT_KEYS = ("input_ids", "attention_mask")
 
+# every `Program.kind`, in the order a run's programs are listed
+PROGRAM_KINDS = ("train", "forward", "handoff", "prefill", "decode")
+
 
 @dataclass
 class Program:
     """One program of a run, ready to lower.
 
-    kind: train | forward | prefill | decode | handoff.
+    kind: one of `PROGRAM_KINDS` (train | forward | handoff | prefill | decode).
     tokens: tokens one call processes (train / forward: rows x length; prefill: padded
         rows x chunk; decode: rows x steps), over all its devices.
     model_flops: matmul FLOPs of those tokens (`ModelConfig.flops_per_token`), 0 for the
@@ -301,6 +304,23 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
                        fns[StepKind.DECODE], (state, pool, pool, inputs), b * steps,
                        b * steps * model.flops_per_token(length, training=False), n, mesh, kernel_bytes))
     return out
+
+
+def parse_kinds(text: str) -> tuple[str, ...]:
+    """`"train,decode"` -> `("train", "decode")`: a comma-separated subset of
+    `PROGRAM_KINDS` (`rljax compile --programs`); an unknown kind is a `ValueError`
+    naming the valid ones."""
+    kinds = tuple(k.strip() for k in text.split(","))
+    unknown = [k for k in kinds if k not in PROGRAM_KINDS]
+    if unknown:
+        raise ValueError(f"--programs {text!r}: unknown program kind {', '.join(map(repr, unknown))}; "
+                         f"choose from {', '.join(PROGRAM_KINDS)}")
+    return kinds
+
+
+def select(run: RunPrograms, kinds: tuple[str, ...]) -> RunPrograms:
+    """`run` with only the programs of `kinds`, in the run's order."""
+    return dataclasses.replace(run, programs=[p for p in run.programs if p.kind in kinds])
 
 
 def default_pages(cfg: RLConfig) -> int:

@@ -16,7 +16,7 @@ import pytest
 from rljax.config import load_config
 from rljax.parallel import planned_bytes, state_shardings
 from rljax.rl.config import RLConfig
-from rljax.tpu.programs import Program, default_pages, run_programs
+from rljax.tpu.programs import PROGRAM_KINDS, Program, default_pages, parse_kinds, run_programs
 from rljax.tpu.report import Compiled, compile_program, overflow, roofline
 from rljax.tpu.topology import CHIPS, GiB, libtpu_available, parse_slice, slice_devices, sub_slice
 
@@ -248,5 +248,33 @@ def test_compile_command_refuses_what_it_cannot_compile(capsys):
 
     assert main(["compile", QUICKSTART, "--topology", "v5e-12"]) == 1
     assert "--topology 'v5e-12': no standard v5e slice of 12 chips" in capsys.readouterr().err
+    assert main(["compile", QUICKSTART, "--topology", "v5e-4", "--programs", "train,decoding"]) == 1
+    err = capsys.readouterr().err
+    assert "--programs 'train,decoding': unknown program kind 'decoding'; choose from " \
+           "train, forward, handoff, prefill, decode" in err and len(err.splitlines()) == 2  # + the --debug hint
     assert main(["compile", "configs/sft_tiny.yaml", "--topology", "v5e-4"]) == 2
     assert "only RL configs" in capsys.readouterr().err
+
+
+def test_programs_option_parses_a_subset_of_the_kinds():
+    assert parse_kinds("decode, train") == ("decode", "train")
+    assert parse_kinds(",".join(PROGRAM_KINDS)) == PROGRAM_KINDS
+    for bad in ("", "train,,", "Train"):
+        with pytest.raises(ValueError, match="choose from train, forward, handoff, prefill, decode"):
+            parse_kinds(bad)
+
+
+@needs_libtpu
+def test_compile_command_compiles_only_the_kinds_named(capsys):
+    # the quickstart on v5e-8 in replicas of 2 has a hand-off (a 1 s compile, as in
+    # test_hand_off_compiles_between_meshes_that_order_the_chips_differently); --programs handoff
+    # compiles it alone: no train step, forward, prefill or decode row, and no roofline (its kinds are
+    # train and decode)
+    from rljax.cli import main
+
+    assert main(["compile", QUICKSTART, "rollout.tensor_parallel_size=2", "--topology", "v5e-8",
+                 "--programs", "handoff"]) == 0
+    out = capsys.readouterr().out
+    rows = out[out.index("\nprogram "):].strip().splitlines()[1:]
+    assert len(rows) == 1 and rows[0].startswith("weight hand-off (training layout -> 4 replicas x tp=2)"), out
+    assert "roofline" not in out
