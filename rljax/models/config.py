@@ -195,8 +195,13 @@ class ModelConfig:
         (causal: half of that). Training counts forward + backward = 3x forward
         (the PaLM / Chinchilla "6N" convention with attention added)."""
         n_matmul = self.num_params(include_embedding=False, active=True) + self.vocab_size * self.hidden_size
-        attn = self.num_hidden_layers * 2 * 2 * seq_len * self.num_attention_heads * self.head_dim / 2
-        forward = 2 * n_matmul + attn
+        forward = 2 * n_matmul + self.attention_flops_per_token(seq_len, training=False)
+        return 3 * forward if training else forward
+
+    def attention_flops_per_token(self, seq_len: int, training: bool = True) -> float:
+        """The attention part of `flops_per_token`: scores and values, 2 * 2 * T * h * d
+        per layer, halved for causal masking; x3 for training."""
+        forward = self.num_hidden_layers * 2 * 2 * seq_len * self.num_attention_heads * self.head_dim / 2
         return 3 * forward if training else forward
 
     # ---- Hugging Face config.json ------------------------------------------------------

@@ -30,7 +30,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rljax.algos.registry import get_adv_estimator
 from rljax.models import DTypePolicy, ModelConfig, init_model, read_config
-from rljax.models.attention import compiling_for
+from rljax.models.attention import choose_attention, compiling_for
 from rljax.models.heads import ScalarHeadModel
 from rljax.parallel import batch_sharding, make_mesh, replicated, state_shardings
 from rljax.rl.config import RLConfig
@@ -70,6 +70,11 @@ class Program:
         cost analysis does not see (a Mosaic custom call counts 0): the decode step's
         K / V pages under `attention: pallas_tpu`, for full page tables (an upper
         bound: the kernel stops at each row's length). Added to the roofline's bytes.
+    kernel_flops: FLOPs per chip per call inside Pallas kernels, likewise unseen: the
+        train step's causal attention under splash, counted by the model-FLOPs convention
+        (forward + 2x forward for the backward; the kernel does more: flash's backward
+        recomputes the scores, remat recomputes the forward), so the bound stays an upper
+        bound on speed. Added to the roofline's FLOPs.
     """
 
     name: str
@@ -81,6 +86,7 @@ class Program:
     devices: int
     mesh: Any  # the mesh active while it is traced (a replica's for the sampler)
     kernel_bytes: float = 0.0
+    kernel_flops: float = 0.0
 
     def lower(self):
         # the abstract mesh only (what `constrain` and the kernels' shard_map read): a concrete TPU mesh
@@ -163,6 +169,11 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
         return init_model(model, seed=section.init_seed, policy=policy, remat=section.remat,
                           attention=section.attention)
 
+    # the train step's attention FLOPs inside the splash kernel, per token (see `Program.kernel_flops`)
+    train_attention = section.attention
+    if train_attention == "auto":
+        train_attention = choose_attention(platform, policy.compute, model.head_dim)
+    splash_flops = model.attention_flops_per_token(row, training=True) if train_attention == "splash" else 0.0
     programs: list[Program] = []
     # built outside `jax.set_mesh`: optax initialises placeholders eagerly, which must not target the
     # topology's devices; the programs are traced under their mesh in `Program.lower`
@@ -181,7 +192,8 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
             label = f"{name} train step [{update.mini_rows}x{row}, {update.mini_rows // update.micro_rows} micro]"
             # base None: no LoRA here (the step merges the trained params alone)
             return Program(label, "train", update.step, (_abstract(shapes, update.state_sharding), batch, frozen, None),
-                           tokens, tokens * model.flops_per_token(row), len(devices), mesh)
+                           tokens, tokens * model.flops_per_token(row), len(devices), mesh,
+                           kernel_flops=tokens * splash_flops / len(devices))
 
         objective, totals = actor_objective(a, r.temperature, cfg.algorithm.rollout_correction)
         programs.append(train_program("actor", graphdef, params, a.optim, objective, totals, actor_keys(cfg),

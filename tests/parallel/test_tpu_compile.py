@@ -81,6 +81,11 @@ def test_roofline_extrapolates_layers_and_picks_the_bound():
                  Compiled(kernel, 0.0, flops=2e9, bytes_accessed=3e9), layers=10, chip=chip)
     assert r.bytes == pytest.approx(25e9) and r.kernel_bytes == 4e9
     assert r.seconds == pytest.approx(25e9 / 819e9)
+    # splash attention's FLOPs, likewise unseen by XLA, are added to the train step's
+    splash = dataclasses.replace(program, kernel_flops=20e12)
+    r = roofline(splash, zero, one, layers=4, chip=chip)
+    assert r.flops == pytest.approx(110e12) and r.kernel_flops == 20e12
+    assert r.mfu == pytest.approx(0.5 * 197e12 / 110e12)
 
 
 # ---- compiled for a TPU --------------------------------------------------------------------------
@@ -204,6 +209,22 @@ def test_a_tp4_replica_of_a_multi_host_slice_compiles_on_its_own_topology():
 
 HEAD_DIM_128 = ("{model_type: qwen2, vocab_size: 1024, hidden_size: 256, intermediate_size: 256, num_hidden_layers: 2, "
                 "num_attention_heads: 2, num_key_value_heads: 2, tie_word_embeddings: true}")
+
+
+@needs_libtpu
+@pytest.mark.parametrize("attention", ["auto", "xla"])
+def test_train_step_counts_splash_attention_flops_by_hand(attention):
+    """On a TPU `model.attention: auto` trains with splash, whose FLOPs XLA does not
+    count: the train program carries them (model-FLOPs convention: causal scores and
+    values, 2 * 2 * T * h * d / 2 per layer and token, x3 for training), per chip;
+    with `xla` attention XLA counts them itself. Nothing is compiled here."""
+    cfg = load_config(RLConfig, QUICKSTART, [f"model.hf_config={HEAD_DIM_128}", f"model.attention={attention}"])
+    devices = slice_devices(parse_slice("v5e:2x2"))
+    train = run_programs(cfg, devices, num_pages=default_pages(cfg)).programs[0]
+    assert train.kind == "train"
+    row = cfg.data.max_prompt_length + cfg.rollout.response_length
+    per_token = 3 * 2 * (2 * 2 * row * 2 * 128 / 2)  # 2 layers, 2 heads of 128
+    assert train.kernel_flops == (train.tokens * per_token / len(devices) if attention == "auto" else 0.0)
 
 
 @needs_libtpu
