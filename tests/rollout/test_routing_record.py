@@ -37,6 +37,11 @@ def test_recorded_experts_equal_the_trainer_forwards_with_preemption(hf_models):
     with Sampler(model, config) as sampler:
         out = sampler.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=NEW, seed=5))
         stats = sampler.stats()
+        # the same prompts again: their pages are in the prefix cache, which recording does not read
+        again = sampler.generate(prompts[1:2], SamplingParams(temperature=1.0, max_tokens=4, seed=6))
+        assert sampler.stats()["num_cached_prompt_tokens"] == stats["num_cached_prompt_tokens"] == 0
+    assert stats["num_cached_pages"] > 0  # there was something to read
+    assert (again[0].expert_ids[:-1] >= 0).all()
     assert stats["num_preemptions"] > 0, stats
     assert stats["num_compiled_programs"] == 2, stats["compiled_shapes"]
     k, layers = model.config.num_experts_per_tok, model.config.num_hidden_layers
