@@ -55,6 +55,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
                        tie_word_embeddings=False, rope_theta=1000000.0, max_position_embeddings=32768),
+    # a mixture of experts at `tiny`'s size: 8 experts of width 64, top 2 (routing replay: bench mismatch)
+    "tiny-moe": dict(model_type="qwen3_moe", hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
+                     num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
+                     tie_word_embeddings=True),
 }
 
 COLUMNS = ["system", "model", "params_M", "batch", "seq_len", "micro", "dtype", "remat", "attention", "step_s",

@@ -63,6 +63,26 @@ def route(h: jax.Array, router: jax.Array, k: int, renormalise: bool) -> tuple[j
     return top, experts.astype(jnp.int32), probs
 
 
+def replay_routing(probs: jax.Array, experts: jax.Array, replay: jax.Array,
+                   renormalise: bool) -> tuple[jax.Array, jax.Array]:
+    """Routing replay (verl's "R3", Ma et al. 2025, "Stabilizing MoE RL by aligning training
+    and inference routers"): the experts recorded by the sampler, `replay` `[B, T, k]`
+    int32, replace the router's own top-k `experts` `[B, T, k]` on every token that has a
+    record (`replay[..., 0] >= 0`; -1: none, the token keeps its own top-k). The weights
+    stay the current router's probabilities `probs` `[B, T, X]` at the chosen experts,
+    renormalised as `route` does, so the router still gets gradients:
+
+        S = replay ids (recorded) or top-k(p) (no record);  w_j = p_j  or  p_j / sum_{i in S} p_i
+
+    -> (weights `[B, T, k]` float32, experts `[B, T, k]` int32)."""
+    recorded = replay[..., :1] >= 0  # [B, T, 1]
+    experts = jnp.where(recorded, replay.astype(jnp.int32), experts)  # [B, T, k]
+    top = jnp.take_along_axis(probs, experts, axis=-1)  # [B, T, k]
+    if renormalise:
+        top = top / jnp.sum(top, axis=-1, keepdims=True)
+    return top, experts
+
+
 def grouped_swiglu(xs: jax.Array, group_sizes: jax.Array, gate: jax.Array, up: jax.Array,
                    down: jax.Array) -> jax.Array:
     """`xs` `[S, E]` sorted by expert with `group_sizes` `[X']` rows each (rows past their
@@ -168,11 +188,15 @@ def expert_parallel_dispatch(h: jax.Array, weights: jax.Array, experts: jax.Arra
         h, weights, experts, gate, up, down)
 
 
-def moe_mlp(p: dict, h: jax.Array, config, valid: jax.Array | None = None) -> tuple[jax.Array, Routing]:
+def moe_mlp(p: dict, h: jax.Array, config, valid: jax.Array | None = None,
+            replay: jax.Array | None = None) -> tuple[jax.Array, Routing]:
     """The MoE MLP of one layer on normed hidden states `h` `[B, T, E]` with that layer's
     `router` `[E, X]`, `expert_gate` / `expert_up` `[X, E, F]`, `expert_down` `[X, F, E]`:
-    (`[B, T, E]`, its `Routing`; statistics over `valid` `[B, T]` tokens)."""
+    (`[B, T, E]`, its `Routing`; statistics over `valid` `[B, T]` tokens). `replay`
+    `[B, T, k]`: recorded experts to use instead of the top-k (`replay_routing`)."""
     weights, experts, probs = route(h, p["router"], config.num_experts_per_tok, config.norm_topk_prob)
+    if replay is not None:
+        weights, experts = replay_routing(probs, experts, replay, config.norm_topk_prob)
     counts, prob_sum = routing_stats(experts, probs, valid, config.num_experts)
     out = expert_parallel_dispatch(h, weights, experts, p["expert_gate"], p["expert_up"], p["expert_down"])
     return out, Routing(experts, counts, prob_sum)

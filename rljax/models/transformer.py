@@ -191,18 +191,20 @@ def attention_inputs(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, conf
 
 def attention_output_and_mlp(p: dict, x: jax.Array, attn: jax.Array, config: ModelConfig,
                              drop: Dropout | None = None,
-                             valid: jax.Array | None = None) -> tuple[jax.Array, Routing | None]:
+                             valid: jax.Array | None = None,
+                             replay: jax.Array | None = None) -> tuple[jax.Array, Routing | None]:
     """Output projection and residual, then the SwiGLU MLP (or the MoE MLP) and its
     residual: `x` `[B, T, E]` and `attn` `[B, T, N, D]` -> (`[B, T, E]`, the MoE layer's
     `Routing` with statistics over `valid` `[B, T]` tokens, or None for a dense layer).
-    `drop`: as `attention_inputs`."""
+    `drop`: as `attention_inputs`. `replay` `[B, T, k]`: this layer's recorded experts
+    (routing replay, `rljax.models.moe.replay_routing`; -1: the router's own top-k)."""
     out = add_delta(p, "o_proj", attn, jnp.einsum("bthd,hde->bte", attn, p["o_proj"]), drop)  # [B, T, E]
     if config.out_bias:
         out = out + p["o_bias"]
     x = x + out  # [B, T, E]
     h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)  # [B, T, E]
     if config.is_moe:
-        down, routing = moe_mlp(p, h, config, valid)  # [B, T, E]
+        down, routing = moe_mlp(p, h, config, valid, replay)  # [B, T, E]
         return constrain(x + down, ACTIVATION), routing
     gate = add_delta(p, "gate_proj", h, h @ p["gate_proj"], drop)  # [B, T, F]
     up = add_delta(p, "up_proj", h, h @ p["up_proj"], drop)  # [B, T, F]
@@ -326,11 +328,16 @@ class Decoder(nnx.Module):
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
         adapters: bool = True,
+        *,
+        expert_ids: jax.Array | None = None,
     ) -> jax.Array:
         """Final-norm hidden states `[B, T, hidden]` in the compute dtype; with
         `adapters=False` those of the base model (LoRA adapters off). LoRA dropout acts
-        only when the train step set `lora_dropout_key` (a training forward)."""
-        return self.hidden_states_and_routing(input_ids, attention_mask, positions, segment_ids, adapters)[0]
+        only when the train step set `lora_dropout_key` (a training forward).
+        `expert_ids` `[B, T, L, k]` (MoE only): routing replay, see
+        `hidden_states_and_routing`."""
+        return self.hidden_states_and_routing(input_ids, attention_mask, positions, segment_ids, adapters,
+                                              expert_ids=expert_ids)[0]
 
     def hidden_states_and_routing(
         self,
@@ -339,11 +346,18 @@ class Decoder(nnx.Module):
         positions: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
         adapters: bool = True,
+        *,
+        expert_ids: jax.Array | None = None,
     ) -> tuple[jax.Array, Routing | None]:
         """`hidden_states` and, for a MoE model, every layer's routing: `Routing` with
         experts `[B, T, L, k]`, counts and prob_sum `[L, X]` over the non-padding tokens
-        (None for a dense model)."""
+        (None for a dense model). `expert_ids` `[B, T, L, k]` int32 replays recorded
+        routing (the sampler's, `SamplerConfig.record_routing`): token t of layer l uses
+        experts `expert_ids[b, t, l]` instead of its top-k wherever they are >= 0
+        (`rljax.models.moe.replay_routing`); the reported experts are the ones used."""
         config = self.config
+        if expert_ids is not None and not config.is_moe:
+            raise ValueError("expert_ids: routing replay needs a mixture-of-experts model; this one is dense")
         if segment_ids is None:
             segment_ids = jnp.ones_like(input_ids) if attention_mask is None else attention_mask
         segment_ids = segment_ids.astype(jnp.int32)  # [B, T]
@@ -357,18 +371,20 @@ class Decoder(nnx.Module):
         layer_keys = None if key is None else jax.random.split(key, config.num_hidden_layers)  # [L]
 
         def block(x, xs):
-            p, layer_key = xs
+            p, layer_key, replay = xs  # replay: this layer's recorded experts [B, T, k] or None
             drop = None if layer_key is None else Dropout(layer_key, self.lora_dropout)
             # FSDP: gather this layer's weights right before use; pin the residual's layout
             p = {name: gather_weight(w, axes[name]) for name, w in p.items()}
             x = constrain(x, ACTIVATION)  # [B, T, E]
             q, k, v = attention_inputs(p, x, cos, sin, config, drop)  # [B, T, N, D], [B, T, K, D] x 2
-            return attention_output_and_mlp(p, x, attend(q, k, v, segment_ids), config, drop, segment_ids > 0)
+            return attention_output_and_mlp(p, x, attend(q, k, v, segment_ids), config, drop, segment_ids > 0,
+                                            replay)
 
         policy = REMAT_POLICIES[self.remat]
         if self.remat != "none":
             block = jax.checkpoint(block, policy=policy, prevent_cse=False)
-        xs = (self.layer_arrays(adapters), layer_keys)
+        replay = None if expert_ids is None else jnp.moveaxis(expert_ids.astype(jnp.int32), 2, 0)  # [L, B, T, k]
+        xs = (self.layer_arrays(adapters), layer_keys, replay)
         x, routing = jax.lax.scan(block, self.embed_tokens(input_ids), xs)  # [B, T, E]; per layer [L, ...]
         if routing is not None:
             routing = routing._replace(experts=jnp.moveaxis(routing.experts, 0, 2))  # [B, T, L, k]
@@ -388,6 +404,7 @@ class Decoder(nnx.Module):
         temperature: float = 1.0,
         entropy: bool = False,
         adapters: bool = True,
+        expert_ids: jax.Array | None = None,
     ) -> jax.Array | tuple[jax.Array, jax.Array]:
         """log p(input_ids[t] | input_ids[< t]) at `temperature`, aligned with `input_ids`
         (`[B, T]` float32, 0 at t = 0), and with `entropy` also the `[B, T]` entropy of the
@@ -397,8 +414,10 @@ class Decoder(nnx.Module):
         trainer's old / reference forwards and validation perplexity all read them here.
         The logits are computed chunk by chunk over positions
         (`rljax.algos.log_probs.log_probs_from_hidden`), never as one `[B, T, V]` array.
-        `adapters=False`: the base model's (the LoRA reference policy)."""
-        hidden = self.hidden_states(input_ids, attention_mask, positions, segment_ids, adapters)  # [B, T, E]
+        `adapters=False`: the base model's (the LoRA reference policy). `expert_ids`
+        `[B, T, L, k]`: routing replay (`hidden_states_and_routing`)."""
+        hidden = self.hidden_states(input_ids, attention_mask, positions, segment_ids, adapters,
+                                    expert_ids=expert_ids)  # [B, T, E]
         return log_probs_from_hidden(hidden, self.unembedding(), input_ids, temperature=temperature,
                                      compute_entropy=entropy)
 

@@ -89,6 +89,13 @@ class ActorConfig:
     # Kept as a field only so that a config still setting it gets that message.
     tis_imp_ratio_cap: float | None = None
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))  # the policy's optimizer
+    # ---- routing replay (mixture-of-experts policies; rljax.models.moe.replay_routing) ----
+    # The sampler records each token's experts per layer (rollout record_routing) and the
+    # actor's forwards (old log-probs, the update, the policy side of a "full" KL) route
+    # every recorded token to them instead of the router's own top-k: verl's R3 (Ma et al.
+    # 2025). The reference and the critic route as they would (their own policies). Dense
+    # models and agent rollouts are refused.
+    router_replay: bool = False
 
     def __post_init__(self) -> None:
         check_kl_name("actor.kl_loss_type", self.kl_loss_type)

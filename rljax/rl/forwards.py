@@ -5,6 +5,11 @@ Each is a function of (params, input_ids, attention_mask) arrays, jitted once pe
 so the trainer, validation perplexity and `rljax eval` share the compiled program. Every
 per-token result is `[B, T]` and aligned with `input_ids` (`rljax.algos.log_probs`).
 `BatchForwards` runs the ones a config needs on a step's batch.
+
+Routing replay (`actor.router_replay`, MoE): the policy's forwards here (old log-probs,
+the policy side of the exact KL) take the batch's recorded `expert_ids` `[B, T, L, k]`;
+the reference's and the critic's do not (they are other policies, routed their own way),
+so a KL term reads token log-probs only and never router logits.
 """
 
 from __future__ import annotations
@@ -22,17 +27,19 @@ from rljax.rl.config import RLConfig
 from rljax.rl.objectives import aligned_values
 from rljax.rl.step_metrics import Timer
 
-LogProbFn = Callable[[Any, Any, Any], Any]  # (params, input_ids, attention_mask) -> [B, T] log-probs
+# (params, input_ids, attention_mask[, expert_ids]) -> [B, T] log-probs
+LogProbFn = Callable[..., Any]
 
 
 def make_log_prob_fn(graphdef: nnx.GraphDef, temperature: float, adapters: bool = True) -> LogProbFn:
     """Jitted aligned token log-probs of `input_ids` under the given params
-    (`Decoder.token_log_probs`, chunked); `adapters=False`: with LoRA adapters off."""
+    (`Decoder.token_log_probs`, chunked); `adapters=False`: with LoRA adapters off;
+    `expert_ids` `[B, T, L, k]` (MoE): routing replay."""
 
     @jax.jit
-    def log_probs(params, input_ids, attention_mask):
+    def log_probs(params, input_ids, attention_mask, expert_ids=None):
         return nnx.merge(graphdef, params).token_log_probs(input_ids, attention_mask, temperature=temperature,
-                                                           adapters=adapters)
+                                                           adapters=adapters, expert_ids=expert_ids)
 
     return log_probs
 
@@ -41,12 +48,13 @@ def make_full_kl_fn(graphdef: nnx.GraphDef, temperature: float):
     """Jitted aligned exact KL(pi || pi_ref) over the vocabulary per position, `(params,
     reference params, input_ids, attention_mask) -> [B, T]`; chunked over positions
     (`rljax.algos.kl.kl_from_hidden`), never [B, T, vocab]. The reference runs with LoRA
-    adapters off (with LoRA its params are the policy's own)."""
+    adapters off (with LoRA its params are the policy's own). `expert_ids`: the policy's
+    routing replay (the reference routes its own way)."""
 
     @jax.jit
-    def full_kl(params, reference, input_ids, attention_mask):
+    def full_kl(params, reference, input_ids, attention_mask, expert_ids=None):
         model, ref = nnx.merge(graphdef, params), nnx.merge(graphdef, reference)
-        hidden = model.hidden_states(input_ids, attention_mask=attention_mask)  # [B, T, E]
+        hidden = model.hidden_states(input_ids, attention_mask=attention_mask, expert_ids=expert_ids)  # [B, T, E]
         ref_hidden = ref.hidden_states(input_ids, attention_mask=attention_mask, adapters=False)  # [B, T, E]
         return kl_from_hidden(hidden, model.unembedding(), ref_hidden, ref.unembedding(), temperature=temperature)
 
@@ -74,6 +82,7 @@ class BatchForwards:
     full_kl: Callable | None  # KL-in-reward "full": exact KL(pi_old || pi_ref) per position
     values: Callable | None  # the critic's (GAE)
     reference_log_probs: LogProbFn | None = None  # the reference's (LoRA: adapters off); None: `log_probs`
+    router_replay: bool = False  # the policy's forwards replay the batch's expert_ids (actor.router_replay)
 
     @classmethod
     def of(cls, cfg: RLConfig, actor: nnx.GraphDef, critic: nnx.GraphDef | None = None) -> BatchForwards:
@@ -86,7 +95,7 @@ class BatchForwards:
                            or (alg.use_kl_in_reward and alg.kl_penalty != FULL_KL)),
             full_kl=(make_full_kl_fn(actor, temperature) if alg.use_kl_in_reward and alg.kl_penalty == FULL_KL
                      else None),
-            values=None if critic is None else make_value_fn(critic))
+            values=None if critic is None else make_value_fn(critic), router_replay=a.router_replay)
 
     def fill(self, batch: dict[str, np.ndarray], mesh, timer: Timer, actor_params, reference=None,
              critic_params=None) -> None:
@@ -97,17 +106,22 @@ class BatchForwards:
         ref_log_probs = self.reference_log_probs or self.log_probs
         # every process holds the whole batch, and gets every result whole
         ids, mask = place_batch({"i": batch["input_ids"], "m": batch["attention_mask"]}, mesh).values()
+        experts = None  # [B, T, L, k] the sampler's routing, replayed in the policy's forwards
+        if self.router_replay:
+            if "expert_ids" not in batch:
+                raise ValueError("actor.router_replay: the rollout recorded no routing (expert_ids)")
+            experts = place_batch({"e": batch["expert_ids"]}, mesh)["e"]
         with timer("old_log_prob"):
             if self.reuse_rollout_log_probs:
                 batch["old_log_probs"] = batch["rollout_log_probs"].copy()
             else:
-                batch["old_log_probs"] = fetch(self.log_probs(actor_params, ids, mask))
+                batch["old_log_probs"] = fetch(self.log_probs(actor_params, ids, mask, experts))
         if self.ref_log_probs:
             with timer("ref"):
                 batch["ref_log_probs"] = fetch(ref_log_probs(reference, ids, mask))
         if self.full_kl is not None:
             with timer("ref"):
-                batch["full_kl"] = fetch(self.full_kl(actor_params, reference, ids, mask))
+                batch["full_kl"] = fetch(self.full_kl(actor_params, reference, ids, mask, experts))
         if self.values is not None:
             with timer("values"):
                 batch["values"] = fetch(self.values(critic_params, ids, mask)) * batch["response_mask"]

@@ -40,7 +40,8 @@ def sampler_config(cfg: RLConfig) -> SamplerConfig:
         max_model_len=cfg.data.max_prompt_length + r.response_length,
         kv_cache=KVCacheConfig(page_size=r.page_size, num_pages=r.num_pages or None,
                                memory_fraction=r.kv_cache_memory_fraction),
-        enable_prefix_caching=r.enable_prefix_caching, attention=r.attention, seed=r.seed)
+        enable_prefix_caching=r.enable_prefix_caching, attention=r.attention, seed=r.seed,
+        record_routing=cfg.actor.router_replay)
 
 
 def make_sampler(cfg: RLConfig, decoder) -> Sampler:

@@ -23,6 +23,11 @@ trainer computed them on the step batch (`batch["rollout_is_weights"]`) and alre
 removed rejected tokens from `response_mask`; in bypass mode they are computed here from
 the current policy. `key` (the step's PRNG key, `rljax.train.steps.step_key`) drives
 Clip-Cov's random token selection.
+
+Routing replay (`actor.router_replay`, MoE): the policy's forward routes each token to
+the experts the sampler recorded (`batch["expert_ids"]`, `rljax.models.moe.replay_routing`);
+the KL term reads token log-probs (and, for "full", the reference's own forward) only,
+never router logits or routing options.
 """
 
 from __future__ import annotations
@@ -110,7 +115,9 @@ def actor_objective(actor: ActorConfig, temperature: float,
 
     def objective(model, batch, frozen, totals, key):
         mask = batch["response_mask"]
-        hidden, routing = model.hidden_states_and_routing(batch["input_ids"], attention_mask=batch["attention_mask"])
+        hidden, routing = model.hidden_states_and_routing(  # [B, T, E], per-layer routing statistics
+            batch["input_ids"], attention_mask=batch["attention_mask"],
+            expert_ids=batch["expert_ids"] if actor.router_replay else None)
         log_prob, entropy = log_probs_from_hidden(hidden, model.unembedding(), batch["input_ids"],
                                                   temperature=temperature, compute_entropy=True)
         weights, pg_mask, metrics = pg_weights_and_mask(batch, log_prob)

@@ -83,7 +83,7 @@ def generate_and_score(
         samples.append(Sample(
             prompt_ids=list(c.prompt_token_ids), response_ids=list(c.token_ids),
             response_mask=[1] * len(c.token_ids), response_log_probs=list(c.log_probs),
-            group_id=group_offset + i, truncated=c.finish_reason == "length",
+            group_id=group_offset + i, truncated=c.finish_reason == "length", expert_ids=c.expert_ids,
         ))
         records.append({"data_source": prompts["data_source"][i], "prompt_index": group_offset + i,
                         "solution_str": text})

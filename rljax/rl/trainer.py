@@ -32,6 +32,7 @@ from rljax.algos.advantages import AdvantageInputs, compute_advantages
 from rljax.algos.registry import get_adv_estimator
 from rljax.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
 from rljax.checkpoint import abstract_like
+from rljax.config import ConfigError
 from rljax.data import make_dataset
 from rljax.models.heads import ScalarHeadModel
 from rljax.models.lora import sharing_base
@@ -59,7 +60,8 @@ def actor_keys(cfg: RLConfig) -> tuple[str, ...]:
     """The step-batch entries the actor's objective reads, as the config asks."""
     a, corr = cfg.actor, cfg.algorithm.rollout_correction
     return ACTOR_KEYS + (("ref_log_probs",) if a.use_kl_loss and a.kl_loss_type != FULL_KL else ()) + (
-        ("rollout_is_weights",) if corr.rollout_is is not None and not corr.bypass_mode else ())
+        ("rollout_is_weights",) if corr.rollout_is is not None and not corr.bypass_mode else ()) + (
+        ("expert_ids",) if a.router_replay else ())
 
 
 class RLTrainer:
@@ -76,6 +78,9 @@ class RLTrainer:
         a, r, alg = cfg.actor, cfg.rollout, cfg.algorithm
 
         decoder = build_decoder(cfg.model, self.tokenizer, mesh=self.mesh)
+        if a.router_replay and not decoder.config.is_moe:
+            raise ConfigError(f"actor.router_replay: the model ({decoder.config.model_type}) is dense; routing "
+                              "replay needs a mixture of experts (qwen3_moe, mixtral)")
         corr = alg.rollout_correction
         objective, totals = actor_objective(a, r.temperature, corr)
         self.actor = make_learner(decoder, a.optim, objective, totals, cfg, self.mesh, a.ppo_mini_batch_size,

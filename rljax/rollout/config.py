@@ -59,6 +59,13 @@ class SamplerConfig:
         next turn, a retried prompt (`rljax.rollout.prefix_cache`). Unreferenced cached
         pages are evicted (least recently used first) before anything is preempted; the
         cache is cleared when the parameters change.
+    record_routing: (mixture-of-experts models) every completion carries the experts each
+        of its tokens was routed to in every layer (`Completion.expert_ids`), for routing
+        replay in the trainer (`actor.router_replay`). The prefix cache is then not read
+        (a cached page's routing was not recorded; its pages are still registered and
+        the n samples of a request still share the prompt's pages, whose routing they
+        copy); each position keeps the routing of its last computation (a preempted
+        sequence's recompute overwrites it, as it overwrites its keys / values).
     num_scheduler_steps: more amortise dispatch and host transfers, fewer let finished
         sequences hand their slot to a waiting one sooner (a sequence that stops mid-call
         wastes the rest).
@@ -76,6 +83,7 @@ class SamplerConfig:
     prefill_chunk_buckets: tuple[int, ...] | None = None  # padded prefill chunk lengths; None: powers of two
     page_table_buckets: tuple[int, ...] | None = None  # padded page-table widths, in pages; None: powers of two
     seed: int = 0  # the generator that draws seeds for requests that bring none
+    record_routing: bool = False  # MoE: completions carry each token's experts per layer (see above)
 
     def __post_init__(self):
         if self.max_num_seqs < 1:

@@ -34,7 +34,8 @@ def make_programs(graphdef: nnx.GraphDef, config: SamplerConfig, head_dim: int,
                   on_trace: Callable[[str], Callable[[], None]] = lambda kind: lambda: None,
                   pool_sharding: jax.sharding.Sharding | None = None) -> dict[StepKind, Callable]:
     """The jitted prefill and decode programs, `program(state, k_pool, v_pool, inputs) ->
-    (k_pool, v_pool, tokens, log_probs)` with the pools donated. `on_trace(kind)` gives the
+    (k_pool, v_pool, tokens, log_probs, experts)` with the pools donated (experts: the
+    routing with `config.record_routing` on a MoE model, else None). `on_trace(kind)` gives the
     callback run when a program of that kind is traced. Shared by `DeviceStep` and
     ahead-of-time compilation (`rljax.tpu.programs`), which lowers them on abstract shapes.
     `pool_sharding`: where the pools live (a kernel that cannot be partitioned runs per
@@ -42,8 +43,9 @@ def make_programs(graphdef: nnx.GraphDef, config: SamplerConfig, head_dim: int,
     page_size = config.kv_cache.page_size
     mesh = getattr(pool_sharding, "mesh", None)
     attention = decode_attention(config.attention, head_dim, page_size, mesh)
-    decode = make_decode_fn(graphdef, page_size, attention, config.num_scheduler_steps, on_trace("decode"))
-    prefill = make_prefill_fn(graphdef, page_size, paged_attention_reference, on_trace("prefill"))
+    record = config.record_routing
+    decode = make_decode_fn(graphdef, page_size, attention, config.num_scheduler_steps, on_trace("decode"), record)
+    prefill = make_prefill_fn(graphdef, page_size, paged_attention_reference, on_trace("prefill"), record)
     return {
         StepKind.PREFILL: jax.jit(prefill, donate_argnums=(1, 2)),
         StepKind.DECODE: jax.jit(decode, donate_argnums=(1, 2)),
@@ -70,6 +72,7 @@ class StepResult:
 
     tokens: np.ndarray  # [rows, steps] int32; prefill: steps = 1, decode: num_scheduler_steps
     log_probs: np.ndarray  # [rows, steps] float32
+    experts: np.ndarray | None = None  # routing record: prefill [rows, T, L, k], decode [rows, steps, L, k] int32
 
 
 class DeviceStep:
@@ -113,12 +116,14 @@ class DeviceStep:
         context = contextlib.nullcontext() if self.mesh is None else jax.sharding.use_abstract_mesh(
             self.mesh.abstract_mesh)
         with context:
-            self.pool.k, self.pool.v, tokens, log_probs = self.programs[plan.kind](
+            self.pool.k, self.pool.v, tokens, log_probs, experts = self.programs[plan.kind](
                 self.state, self.pool.k, self.pool.v, inputs
             )
-        tokens, log_probs = jax.device_get((tokens, log_probs))  # [B] (prefill) or [B, steps] (decode)
+        # tokens / log_probs [B] (prefill) or [B, steps] (decode); experts [B, T or steps, L, k] or None
+        tokens, log_probs, experts = jax.device_get((tokens, log_probs, experts))
         rows, padded = len(plan.rows), tokens.shape[0]
-        return StepResult(tokens.reshape(padded, -1)[:rows], log_probs.reshape(padded, -1)[:rows])
+        return StepResult(tokens.reshape(padded, -1)[:rows], log_probs.reshape(padded, -1)[:rows],
+                          None if experts is None else experts[:rows])
 
     def update_params(self, state: nnx.State, copy: bool = False) -> None:
         """Use new parameters (an nnx.State of the same Decoder) from the next call on.

@@ -83,7 +83,7 @@ class Engine:
         if plan is None:
             return
         result = self.device.run(plan)
-        for request in self.scheduler.apply(plan, result.tokens, result.log_probs):
+        for request in self.scheduler.apply(plan, result.tokens, result.log_probs, result.experts):
             self._on_done.pop(request)(list(request.completions))  # type: ignore[arg-type]
 
     # ---- parameters, cache, memory -----------------------------------------------------

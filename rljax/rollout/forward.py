@@ -16,7 +16,12 @@ Two programs are built from it, each taking its typed inputs
   write only to the null page and their tokens are ignored by the scheduler.
 
 A sampled token's absolute position (part of its random key) is its predecessor's
-position + 1. Shapes: B rows, T tokens per row, E hidden, N query heads, K kv heads,
+position + 1.
+
+Routing record (`SamplerConfig.record_routing`, MoE models): both programs also return
+the experts each computed token was routed to in every layer (the router's top-k, the
+layer scan's per-layer output), `[B, T, L, k]` int32 for prefill and `[B, num_steps,
+L, k]` for decode (step j's is that of the token fed at step j); None without it. Shapes: B rows, T tokens per row, E hidden, N query heads, K kv heads,
 D head dim, V vocabulary, L layers, P pages, S page size, W page-table width.
 """
 
@@ -47,10 +52,12 @@ def forward_and_sample(
     *,
     page_size: int,
     attention: Callable,
+    record: bool = False,
 ):
     """Write `tokens`' `[B, T]` keys / values into their pages, run the decoder over them
     and sample one token per row from the logits at column `last_index` `[B]`. The pools
-    are `[K, L, P, S, D]`. Returns (k_cache, v_cache, tokens [B], log_probs [B])."""
+    are `[K, L, P, S, D]`. Returns (k_cache, v_cache, tokens [B], log_probs [B], experts
+    [B, T, L, k] int32 with `record` on a MoE model, else None)."""
     config = model.config
     b = tokens.shape[0]
     # Where each token's key / value goes; padding goes to the null page 0.
@@ -72,12 +79,15 @@ def forward_and_sample(
         kc = kc.at[heads, layer, write_page, write_slot].set(k_t.astype(kc.dtype), mode="promise_in_bounds")
         vc = vc.at[heads, layer, write_page, write_slot].set(v_t.astype(vc.dtype), mode="promise_in_bounds")
         attn = attention(q, kc, vc, layer, page_table, positions, kv_lens)  # [B, T, N, D]
-        x, _ = attention_output_and_mlp(p, x, attn.astype(x.dtype), config, valid=valid)  # [B, T, E]
-        return (x, kc, vc), None
+        x, routing = attention_output_and_mlp(p, x, attn.astype(x.dtype), config, valid=valid)  # [B, T, E]
+        return (x, kc, vc), (routing.experts if record and routing is not None else None)  # [B, T, k]
 
     layers = jnp.arange(config.num_hidden_layers, dtype=jnp.int32)  # [L]
     x0 = model.embed_tokens(tokens)  # [B, T, E]
-    (x, k_cache, v_cache), _ = jax.lax.scan(block, (x0, k_cache, v_cache), (model.layer_arrays(), layers))
+    # experts: [L, B, T, k] or None
+    (x, k_cache, v_cache), experts = jax.lax.scan(block, (x0, k_cache, v_cache), (model.layer_arrays(), layers))
+    if experts is not None:
+        experts = jnp.moveaxis(experts, 0, 2)  # [B, T, L, k]
     last = x[jnp.arange(b), last_index]  # [B, E]
     sample_positions = positions[jnp.arange(b), last_index] + 1  # [B] where the sampled token goes
     logits = model.logits(model.final_hidden(last)[:, None, :])[:, 0, :]  # [B, V] float32
@@ -92,13 +102,14 @@ def forward_and_sample(
         sampling.sample_index,
         sample_positions,
     )
-    return k_cache, v_cache, next_tokens, log_probs
+    return k_cache, v_cache, next_tokens, log_probs, experts
 
 
-def make_prefill_fn(graphdef: nnx.GraphDef, page_size: int, attention: Callable, on_trace: Callable[[], None]):
+def make_prefill_fn(graphdef: nnx.GraphDef, page_size: int, attention: Callable, on_trace: Callable[[], None],
+                    record: bool = False):
     """`prefill(state, k_cache, v_cache, inputs: PrefillInputs) -> (k_cache, v_cache,
-    tokens [B], log_probs [B])`. `on_trace` runs each time the function is traced (once
-    per compiled shape)."""
+    tokens [B], log_probs [B], experts [B, T, L, k] or None)`. `on_trace` runs each time
+    the function is traced (once per compiled shape); `record`: return the routing."""
 
     def prefill(state: nnx.State, k_cache: jax.Array, v_cache: jax.Array, inputs: PrefillInputs):
         on_trace()
@@ -106,17 +117,20 @@ def make_prefill_fn(graphdef: nnx.GraphDef, page_size: int, attention: Callable,
         return forward_and_sample(
             model, k_cache, v_cache, inputs.tokens, inputs.positions, inputs.valid, inputs.page_table,
             inputs.kv_lens, inputs.last_index, inputs.sampling, page_size=page_size, attention=attention,
+            record=record,
         )
 
     return prefill
 
 
 def make_decode_fn(
-    graphdef: nnx.GraphDef, page_size: int, attention: Callable, num_steps: int, on_trace: Callable[[], None]
+    graphdef: nnx.GraphDef, page_size: int, attention: Callable, num_steps: int, on_trace: Callable[[], None],
+    record: bool = False,
 ):
     """`decode(state, k_cache, v_cache, inputs: DecodeInputs) -> (k_cache, v_cache,
-    tokens [B, num_steps], log_probs [B, num_steps])`: `num_steps` decode steps, each
-    feeding its sampled token (at the next position) to the next."""
+    tokens [B, num_steps], log_probs [B, num_steps], experts [B, num_steps, L, k] or
+    None)`: `num_steps` decode steps, each feeding its sampled token (at the next
+    position) to the next; `record`: return the routing of each fed token."""
 
     def decode(state: nnx.State, k_cache: jax.Array, v_cache: jax.Array, inputs: DecodeInputs):
         on_trace()
@@ -127,15 +141,17 @@ def make_decode_fn(
         def one(carry, i):
             kc, vc, token, position = carry  # token, position [B]
             valid = (i < n_steps)[:, None]  # [B, 1]
-            kc, vc, token, log_prob = forward_and_sample(
+            kc, vc, token, log_prob, experts = forward_and_sample(
                 model, kc, vc, token[:, None], position[:, None], valid, inputs.page_table, position + 1,
-                zeros, inputs.sampling, page_size=page_size, attention=attention,
+                zeros, inputs.sampling, page_size=page_size, attention=attention, record=record,
             )
-            return (kc, vc, token, position + 1), (token, log_prob)
+            experts = None if experts is None else experts[:, 0]  # [B, L, k]
+            return (kc, vc, token, position + 1), (token, log_prob, experts)
 
         init = (k_cache, v_cache, inputs.tokens, inputs.positions)
-        # tokens / log_probs [num_steps, B]
-        (k_cache, v_cache, *_), (tokens, log_probs) = jax.lax.scan(one, init, jnp.arange(num_steps))
-        return k_cache, v_cache, tokens.T, log_probs.T
+        # tokens / log_probs [num_steps, B]; experts [num_steps, B, L, k] or None
+        (k_cache, v_cache, *_), (tokens, log_probs, experts) = jax.lax.scan(one, init, jnp.arange(num_steps))
+        experts = None if experts is None else jnp.swapaxes(experts, 0, 1)  # [B, num_steps, L, k]
+        return k_cache, v_cache, tokens.T, log_probs.T, experts
 
     return decode

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
+import numpy as np
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -97,6 +99,11 @@ class Completion:
     log_probs: per generated token, log_softmax(logits / temperature) of that token
         before any top-k / top-p / min-p filtering (see `SamplingParams`).
     finish_reason: "stop" (a stop / EOS token) or "length" (max_tokens or max_model_len).
+    expert_ids: with `SamplerConfig.record_routing` on a mixture-of-experts model, the
+        experts every token of prompt + response was routed to in each layer, `[P + R, L,
+        k]` int32 (row t: the token at position t, the order the trainer sees them); -1
+        for the last token, which the sampler samples but never feeds back (its routing
+        affects no log-prob of the completion). None otherwise.
     """
 
     request_index: int | str
@@ -105,3 +112,4 @@ class Completion:
     token_ids: list[int]
     log_probs: list[float]
     finish_reason: FinishReason
+    expert_ids: np.ndarray | None = None

@@ -7,6 +7,7 @@ prefix cache. Its contract, one call at a time:
     plan = scheduler.schedule()          # a StepPlan, or None when nothing can run
     # ... a device step runs the plan: per row, tokens / log_probs [rows, steps] ...
     finished = scheduler.apply(plan, tokens, log_probs)   # requests whose n samples are done
+    # (with `record_routing`: apply(plan, tokens, log_probs, experts), the programs' routing)
 
 Scheduling (continuous batching):
 - Sequences wait in a FIFO queue and are admitted while the running set has fewer than
@@ -35,6 +36,12 @@ computes the remaining 1..page_size prompt tokens into a page of its own (so the
 partial page is per-sample and nothing shared is ever written: copy-on-write realised
 by recomputing at most one page of tokens, which also gives each sample the prompt's
 last logits). Memory for a group grows with n responses, not n prompts.
+
+Routing record (`SamplerConfig.record_routing`, MoE models): each sequence keeps the
+experts of every computed position (`_Routing`), written from each call's `experts` at
+the positions the call computed, so a preempted sequence's recompute overwrites its
+earlier record as it overwrites its keys / values; forked samples copy the shared
+prefix's record; the prefix cache is not read (its pages' routing was not recorded).
 
 Everything here is local to one scheduler (its own allocator over its own pool's page
 ids), so a data-parallel rollout runs one scheduler per replica.
@@ -112,6 +119,39 @@ class Request:
     remaining: int
 
 
+class _Routing:
+    """The recorded experts of one sequence by position: `[capacity, L, k]` int32, -1
+    where nothing was recorded; grows by doubling."""
+
+    def __init__(self):
+        self.ids: np.ndarray | None = None
+
+    def write(self, start: int, ids: np.ndarray) -> None:
+        """Record `ids` `[n, L, k]` at positions start .. start + n - 1."""
+        end = start + len(ids)
+        if self.ids is None:
+            self.ids = np.full((max(end, 16), *ids.shape[1:]), -1, np.int32)
+        elif end > len(self.ids):
+            grown = np.full((max(end, 2 * len(self.ids)), *self.ids.shape[1:]), -1, np.int32)
+            grown[: len(self.ids)] = self.ids
+            self.ids = grown
+        self.ids[start:end] = ids
+
+    def copy(self) -> _Routing:
+        other = _Routing()
+        other.ids = None if self.ids is None else self.ids.copy()
+        return other
+
+    def first(self, n: int) -> np.ndarray | None:
+        """Positions 0 .. n - 1, `[n, L, k]` (-1 where unrecorded); None if nothing was."""
+        if self.ids is None:
+            return None
+        out = np.full((n, *self.ids.shape[1:]), -1, np.int32)
+        m = min(n, len(self.ids))
+        out[:m] = self.ids[:m]
+        return out
+
+
 class _Sequence:
     """One sample being generated (or, with `is_prefix`, a request's shared prompt prefix)."""
 
@@ -127,6 +167,7 @@ class _Sequence:
         self.log_probs: list[float] = []
         self.is_prefix = is_prefix
         self.slots = slots
+        self.routing = _Routing()  # with record_routing: experts per computed position
 
     @property
     def num_generated(self) -> int:
@@ -151,6 +192,7 @@ class Scheduler:
         self.eos_ids = eos_ids
         self.vocab_size = vocab_size
         self.share_prefix = config.share_prefix  # may be switched between requests
+        self.record_routing = config.record_routing
         self.stats = SchedulerStats()
         self.waiting: collections.deque[_Sequence] = collections.deque()
         self.running: list[_Sequence] = []
@@ -304,7 +346,9 @@ class Scheduler:
             if self.running and need > self.allocator.num_free and need > self._num_available_pages():
                 return
             self.running.append(self.waiting.popleft())
-            if self.prefix_cache is not None and not seq.table.pages and seq.num_computed == 0:
+            # recording routing: cached pages have none, so they are recomputed (module docstring)
+            if (self.prefix_cache is not None and not self.record_routing and not seq.table.pages
+                    and seq.num_computed == 0):
                 seq.table.adopt(self.prefix_cache.lookup(seq.tokens))
                 seq.num_computed = len(seq.table) * self.page_size
                 self.stats.num_cached_prompt_tokens += seq.num_computed
@@ -382,10 +426,14 @@ class Scheduler:
 
     # ---- taking a call's results ---------------------------------------------------------
 
-    def apply(self, plan: StepPlan, tokens: np.ndarray, log_probs: np.ndarray) -> list[Request]:
+    def apply(self, plan: StepPlan, tokens: np.ndarray, log_probs: np.ndarray,
+              experts: np.ndarray | None = None) -> list[Request]:
         """Take the sampled `tokens` / `log_probs` `[rows, steps]` of the plan last
         returned by `schedule` (prefill: column 0; decode: a row's first `num_steps`
-        columns). Returns the requests whose last sample finished in this call."""
+        columns) and, when recording routing, the computed tokens' `experts` (prefill
+        `[rows, T, L, k]`: a row's first n columns; decode `[rows, steps, L, k]`: the
+        token fed at each step). Returns the requests whose last sample finished in
+        this call."""
         if self._in_flight is None or self._in_flight[0] is not plan:
             raise RuntimeError("apply() of a plan that is not the one in flight")
         rows = self._in_flight[1]
@@ -395,6 +443,8 @@ class Scheduler:
             self.stats.num_prefill_steps += 1
             self.stats.num_prefill_tokens += sum(n for _, n in rows)
             for i, (seq, n) in enumerate(rows):
+                if experts is not None:
+                    seq.routing.write(seq.num_computed, experts[i, :n])
                 seq.num_computed += n
                 if seq.num_computed < len(seq.tokens):
                     continue  # mid-prompt chunk: nothing to sample yet
@@ -407,6 +457,8 @@ class Scheduler:
             self.stats.num_decode_steps += max(n for _, n in rows)
             for i, (seq, n) in enumerate(rows):
                 for j in range(n):
+                    if experts is not None:  # the token fed at step j sits at num_computed
+                        seq.routing.write(seq.num_computed, experts[i, j:j + 1])
                     seq.num_computed += 1
                     if self._append(seq, int(tokens[i, j]), float(log_probs[i, j])):
                         break
@@ -420,6 +472,7 @@ class Scheduler:
             child = self._new_seq(req, i, list(req.prompt))
             child.table.share_from(prefix.table, len(prefix.table))
             child.num_computed = prefix.num_computed
+            child.routing = prefix.routing.copy()
             children.append(child)
         if self.prefix_cache is not None:  # the prompt's full pages, for later requests
             self.prefix_cache.register(prefix.tokens, prefix.table.pages, prefix.num_computed)
@@ -452,6 +505,7 @@ class Scheduler:
             token_ids=seq.tokens[seq.prompt_len:],
             log_probs=seq.log_probs,
             finish_reason=reason,  # type: ignore[arg-type]
+            expert_ids=seq.routing.first(len(seq.tokens)),
         )
         req.remaining -= 1
         if req.remaining == 0:

@@ -130,10 +130,18 @@ def _reshard_source(source: NamedSharding, target: NamedSharding) -> NamedShardi
     return NamedSharding(mesh, source.spec, _logical_device_ids=logical)
 
 
-def _rows(keys, rows: int, length: int, mesh) -> dict:
+def _rows(keys, rows: int, length: int, mesh, model: ModelConfig | None = None) -> dict:
+    """Abstract `[rows, length]` batch entries; `expert_ids` (routing replay) `[rows,
+    length, L, k]` int32 for `model`."""
     sharding = batch_sharding(mesh)
-    return {k: jax.ShapeDtypeStruct((rows, length), jnp.int32 if k in _INT_KEYS else jnp.float32, sharding=sharding)
-            for k in keys}
+
+    def entry(k):
+        if k == "expert_ids":
+            return jax.ShapeDtypeStruct((rows, length, model.num_hidden_layers, model.num_experts_per_tok),
+                                        jnp.int32, sharding=sharding)
+        return jax.ShapeDtypeStruct((rows, length), jnp.int32 if k in _INT_KEYS else jnp.float32, sharding=sharding)
+
+    return {k: entry(k) for k in keys}
 
 
 @dataclass
@@ -187,7 +195,7 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
             update = learner_update(graph, state_params, optim, objective, totals, cfg, mesh, mini,
                                     0 if single_micro_batch else micro, epochs)
             shapes = jax.eval_shape(lambda p: init_train_state(p, update.optimizer, cfg.trainer.seed), state_params)
-            batch = _rows(keys, update.mini_rows, row, mesh)
+            batch = _rows(keys, update.mini_rows, row, mesh, model)
             tokens = update.mini_rows * row
             label = f"{name} train step [{update.mini_rows}x{row}, {update.mini_rows // update.micro_rows} micro]"
             # base None: no LoRA here (the step merges the trained params alone)
@@ -213,18 +221,19 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
         forwards = BatchForwards.of(cfg, graphdef, critic_graph)
         rows = cfg.data.batch_size * r.n
         ids, mask = _rows(_INT_KEYS, rows, row, mesh).values()
+        replay = (_rows(("expert_ids",), rows, row, mesh, model)["expert_ids"],) if forwards.router_replay else ()
         tokens = rows * row
         flops = tokens * model.flops_per_token(row, training=False)
         if not forwards.reuse_rollout_log_probs or forwards.ref_log_probs:
             users = (["old"] if not forwards.reuse_rollout_log_probs else []) + (
                 ["reference"] if forwards.ref_log_probs else [])
             programs.append(Program(f"log-probs forward ({' + '.join(users)}) [{rows}x{row}]", "forward",
-                                    forwards.log_probs, (abstract_params, ids, mask), tokens, flops, len(devices),
-                                    mesh))
+                                    forwards.log_probs, (abstract_params, ids, mask, *replay), tokens, flops,
+                                    len(devices), mesh))
         if forwards.full_kl is not None:
             programs.append(Program(f"exact KL forward (policy + reference) [{rows}x{row}]", "forward",
-                                    forwards.full_kl, (abstract_params, reference, ids, mask), tokens, 2 * flops,
-                                    len(devices), mesh))
+                                    forwards.full_kl, (abstract_params, reference, ids, mask, *replay), tokens,
+                                    2 * flops, len(devices), mesh))
         if forwards.values is not None:
             programs.append(Program(f"critic values forward [{rows}x{row}]", "forward", forwards.values,
                                     (critic_params, ids, mask), tokens, flops, len(devices), mesh))

@@ -200,3 +200,24 @@ def test_bench_rollout_replicas_do_an_eighth_of_the_work(tmp_path):
     assert replicas["handoff_s"] > 0 and replicas["handoff_bytes_per_device"] > 0
     assert 0 < replicas["decode_mflops_per_device"] < mesh["decode_mflops_per_device"]
     assert replicas["decode_collectives"] == 0 < mesh["decode_collectives"]  # a replica of one device talks to none
+
+
+def test_routing_differs_counts_tokens_whose_expert_set_changed():
+    recorded = np.array([[[[0, 1]], [[2, 3]], [[4, 5]], [[-1, -1]]]])  # [1, 4, L=1, k=2]
+    own = np.array([[[[1, 0]], [[2, 4]], [[4, 5]], [[6, 7]]]])  # order within the set ignored
+    np.testing.assert_array_equal(mismatch.routing_differs(recorded, own), [False, True, False])
+
+
+def test_mismatch_reports_routing_replay_on_a_moe(tmp_path):
+    out = tmp_path / "mismatch.json"
+    assert cli.main(["bench", "mismatch", "--model", "tiny-moe", "--dtypes", "float32", "--attention", "xla",
+                     "--init-std", "0.2", "--seeds", "2", "--prompts", "2", "--n", "2", "--prompt-len", "8",
+                     "--new-tokens", "8", "--out", str(out)]) == 0
+    report = json.load(open(out))
+    rows = report["rows"]
+    assert [r["seed"] for r in rows] == [0, 1] and all(r["tokens"] == 2 * 2 * 8 for r in rows)
+    for r in rows:  # float32 on both sides: the same routing, and replaying it changes nothing
+        assert r["routing_differs_pct"] == 0.0
+        assert r["replay_max_abs"] < 1e-4 and r["max_abs"] < 1e-4
+    (summary,) = report["summary"]
+    assert summary["seeds"] == 2 and " +- " in summary["replay_max_abs"]
