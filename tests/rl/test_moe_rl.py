@@ -119,6 +119,25 @@ def test_grpo_step_without_replay(tmp_path):
     assert metrics["training/rollout_probs_diff_max"] < 1e-4
 
 
+def test_replay_on_rollout_replicas_after_a_weight_hand_off(tmp_path):
+    """Two rollout replicas of one device each (on 2 of the 8 training devices): each
+    replica records its own samples' experts, and after the update's hand-off the
+    second step's recomputed old log-probs are still the rollout's."""
+    trainer = RLTrainer(moe_config(tmp_path, "actor.router_replay=true", "rollout.tensor_parallel_size=1",
+                                   "rollout.data_parallel_size=2"))
+    assert trainer.generation.replicas is not None and trainer.generation.replicas.layout.num_replicas == 2
+    captured = capture_batches(trainer)
+    trainer.step()
+    metrics = trainer.step()
+    trainer.close()
+    batch = captured["batch"]
+    for experts, n in zip(batch["expert_ids"], batch["attention_mask"].sum(1)):  # all but the last token recorded
+        assert (experts[: n - 1] >= 0).all() and (experts[n - 1:] == -1).all()
+    diff = np.abs(batch["old_log_probs"] - batch["rollout_log_probs"])[batch["response_mask"] > 0]
+    assert diff.max() < 1e-5, diff.max()
+    assert metrics["training/rollout_probs_diff_max"] < 1e-5
+
+
 def test_router_replay_refused_for_dense_models_and_agents(tmp_path):
     with pytest.raises(Exception, match=r"actor.router_replay: the model \(qwen2\) is dense"):
         RLTrainer(make_config(tmp_path, "actor.router_replay=true"))
