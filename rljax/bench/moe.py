@@ -70,7 +70,9 @@ def main(args: argparse.Namespace) -> int:
             if pass_name == "fwd":
                 fn = jax.jit(lambda h, g, u, d, impl=impl: impl(h, weights, experts, g, u, d))
             else:
-                loss = lambda h, g, u, d, impl=impl: jnp.sum(impl(h, weights, experts, g, u, d).astype(jnp.float32) ** 2)  # noqa: E731,E501
+                def loss(h, g, u, d, impl=impl):
+                    return jnp.sum(impl(h, weights, experts, g, u, d).astype(jnp.float32) ** 2)
+
                 fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
             seconds, out = _time(fn, (h, gate, up, down), args.repeats)
             results[name] = (seconds, out)

@@ -177,7 +177,8 @@ def expert_parallel_dispatch(h: jax.Array, weights: jax.Array, experts: jax.Arra
     def local(h, weights, experts, gate, up, down):
         if not split_rows:  # every device has every row: partial sums over experts and F slices
             first = jax.lax.axis_index("fsdp") * gate.shape[0] if in_out[0] is not None else 0
-            return jax.lax.psum(dispatch(h, weights, experts, gate, up, down, first), ("fsdp", "tensor"))
+            out = jax.lax.psum(dispatch(h, weights, experts, gate, up, down, first), "tensor")
+            return jax.lax.psum(out, "fsdp")
         if chunk == local_rows:
             return gathered(h, weights, experts, gate, up, down)
         split = lambda a: a.reshape(local_rows // chunk, chunk, *a.shape[1:])  # noqa: E731

@@ -93,3 +93,9 @@ def test_expert_parallel_dispatch_in_row_chunks_equals_one_device(monkeypatch):
         got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(h, gate, up, down)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+    # 3 rows do not divide over fsdp: every device takes all rows, partial sums meet in a psum
+    h3, w3, ex3 = h[:3], w[:3], ex[:3]
+    for mesh_config in (MeshConfig(fsdp=8), MeshConfig(fsdp=4, tensor=2)):
+        with jax.set_mesh(make_mesh(mesh_config)):
+            got = jax.jit(lambda *a: moe.expert_parallel_dispatch(h3, w3, ex3, *a))(gate, up, down)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(moe.dispatch(h3, w3, ex3, gate, up, down)), atol=1e-5)
