@@ -293,3 +293,8 @@ def test_compile_command_compiles_only_the_kinds_named(capsys):
     rows = out[out.index("\nprogram "):].strip().splitlines()[1:]
     assert len(rows) == 1 and rows[0].startswith("weight hand-off (training layout -> 4 replicas x tp=2)"), out
     assert "roofline" not in out
+    # without replicas the sampler reads the trainer's arrays: there is no hand-off to compile
+    assert main(["compile", QUICKSTART, "rollout.tensor_parallel_size=0", "--topology", "v5e-8",
+                 "--programs", "handoff"]) == 1
+    assert "--programs handoff: this run has no program of those kinds (it has train, forward, prefill, decode)" \
+        in capsys.readouterr().err
