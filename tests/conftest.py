@@ -58,10 +58,36 @@ def _share_programs_across_devices():
     compiler.compile_or_get_cached = one_at_a_time
 
 
+def _atomic_cache_writes():
+    """jax writes a cache entry in place (`Path.write_bytes`), so a process reading the
+    shared directory can see a half-written entry (two xdist workers, a test and its
+    subprocess). Write to a private temporary name and rename it into place instead."""
+    from jax._src import lru_cache  # private: if it moves, writes stay jax's own
+
+    cache_class = getattr(lru_cache, "LRUCache", None)
+    if cache_class is None or not hasattr(cache_class, "put"):
+        return
+    put = cache_class.put
+
+    def atomic_put(self, key, value):
+        if self.eviction_enabled:  # a size limit: jax's own locked bookkeeping
+            return put(self, key, value)
+        target = self.path / f"{key}{lru_cache._CACHE_SUFFIX}"
+        if target.exists():
+            return
+        fd, tmp = tempfile.mkstemp(dir=str(self.path), prefix=".partial-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(value)
+        os.replace(tmp, str(target))
+
+    cache_class.put = atomic_put
+
+
 # pytest-xdist workers inherit the controller's cache directory (shared by both workers,
 # removed by the controller) and share programs the same way.
 if _OWN_CACHE or os.environ.get("PYTEST_XDIST_WORKER"):
     _share_programs_across_devices()
+    _atomic_cache_writes()
 
 
 def pytest_sessionfinish(session, exitstatus):
