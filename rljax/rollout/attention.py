@@ -44,6 +44,19 @@ def _layer_pages(cache: jax.Array, layer: jax.Array, page_table: jax.Array) -> t
     return flat, page_table + layer.astype(page_table.dtype) * num_pages
 
 
+def _pad_to_blocks(ids: jax.Array, layer: jax.Array, num_pages: int, block: int) -> jax.Array:
+    """Offset page ids `[B, W]` (from `_layer_pages`) as int32, padded with `layer`'s null
+    page (`layer * num_pages`) to a multiple of `block` columns, so a kernel's blocks of
+    pages divide the table."""
+    ids = ids.astype(jnp.int32)
+    b, w = ids.shape
+    width = -(-w // block) * block
+    if width == w:
+        return ids
+    null = (layer * num_pages).astype(jnp.int32)
+    return jnp.concatenate([ids, jnp.full((b, width - w), null, jnp.int32)], axis=1)
+
+
 def gather_kv(cache: jax.Array, layer: jax.Array, page_table: jax.Array) -> jax.Array:
     """A dense `[B, W*S, K, D]` view of each row's cached keys (or values)."""
     flat, ids = _layer_pages(cache, layer, page_table)
@@ -159,11 +172,8 @@ def paged_decode_attention_pallas(
     if g_pad != groups:
         qh = jnp.pad(qh, ((0, 0), (0, 0), (0, g_pad - groups), (0, 0)))
     pages_per_block = _pages_per_block(page_table.shape[1], page_size)
-    ids = ids.astype(jnp.int32)
-    width = -(-ids.shape[1] // pages_per_block) * pages_per_block
-    if width != ids.shape[1]:  # pad with each layer's null page so blocks divide the table
-        null = (layer * k_cache.shape[2]).astype(jnp.int32)
-        ids = jnp.concatenate([ids, jnp.full((b, width - ids.shape[1]), null, jnp.int32)], axis=1)
+    ids = _pad_to_blocks(ids, layer, k_cache.shape[2], pages_per_block)
+    width = ids.shape[1]
     kernel = functools.partial(_decode_kernel, pages_per_block=pages_per_block, scale=d**-0.5, dot=plgpu.dot)
     out = pl.pallas_call(
         kernel,
@@ -245,11 +255,7 @@ def paged_decode_attention_tpu(
     flat_v, _ = _layer_pages(v_cache, layer, page_table)
     page_size = flat_k.shape[2]
     block = tpu_pages_per_block(ids.shape[1], page_size)
-    ids = ids.astype(jnp.int32)
-    width = -(-ids.shape[1] // block) * block
-    if width != ids.shape[1]:  # pad with the layer's null page so blocks divide the table
-        null = (layer * k_cache.shape[2]).astype(jnp.int32)
-        ids = jnp.concatenate([ids, jnp.full((b, width - ids.shape[1]), null, jnp.int32)], axis=1)
+    ids = _pad_to_blocks(ids, layer, k_cache.shape[2], block)
     qs = q[:, 0] * jnp.asarray(d**-0.5, q.dtype)  # [B, N, D]
     lengths = kv_lens.astype(jnp.int32)
 
