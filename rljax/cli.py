@@ -19,6 +19,8 @@ import linecache
 import os
 import sys
 
+from rljax import xla_flags
+
 # name -> module under rljax.commands. Add a line here to add a subcommand.
 COMMANDS: dict[str, str] = {
     "generate": "generate",
@@ -99,6 +101,7 @@ def _exit_code(error: BaseException) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    xla_flags.apply()  # before any command starts a JAX backend
     args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")
     try:

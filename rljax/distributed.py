@@ -35,6 +35,8 @@ from typing import Mapping
 
 import jax
 
+from rljax import xla_flags
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -102,6 +104,7 @@ def initialize(env: Mapping[str, str] | None = None) -> DistributedSettings:
     """Start `jax.distributed` as the environment says; a no-op for a single process or
     when already initialised. Call it first thing in a process, before any JAX
     computation or `jax.devices()`."""
+    xla_flags.apply()  # read by XLA when the backend starts, below or at the first computation
     settings = settings_from_env(env)
     if settings.mode == "single" or jax.distributed.is_initialized():
         return settings

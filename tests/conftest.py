@@ -23,9 +23,12 @@ import shutil
 import tempfile
 import threading
 
+from rljax import xla_flags
+
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+xla_flags.apply()  # the CPU flags rljax's command line adds for several devices (no CPU collective deadlock)
 _OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
 if _OWN_CACHE:  # inherited by every subprocess a test starts
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rljax-test-xla-cache-")
