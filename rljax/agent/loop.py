@@ -11,7 +11,8 @@ Each episode runs as its own coroutine through these states::
 - GENERATING: one ``await sampler.generate_async(...)`` on the episode's token buffer with a
   per-turn ``max_tokens = min(max_response_tokens - response so far, max_tokens_per_turn)``
   (it replaces any ``max_tokens`` in the sampling params); sampled tokens are
-  appended as sampled (mask 1, their log_probs). Then: a turn cut by ``max_tokens`` ends the
+  appended as sampled (mask 1, their log_probs; a routing record, when the sampler returns
+  one, is kept for the trajectory's `expert_ids`). Then: a turn cut by ``max_tokens`` ends the
   episode; in environment mode go to INTERACTING; otherwise parse tool calls from the decoded
   turn: none -> DONE (``stop``), ``max_turns`` reached -> DONE, else CALLING_TOOLS.
 - CALLING_TOOLS: run the turn's calls concurrently (``max_parallel_tool_calls`` per episode,
@@ -268,6 +269,8 @@ class _EpisodeRun:
         self.metrics["timing_s/generate"] += time.perf_counter() - t0
         validate_completion(completion, max_tokens)
         self.buf.append_sampled(completion.token_ids, completion.log_probs)
+        if getattr(completion, "expert_ids", None) is not None:  # MoE routing record (routing replay)
+            self.buf.record_routing(request.prompt_token_ids, completion.token_ids, completion.expert_ids)
         self.turns += 1
         self.last_text = self._turn_text(completion.token_ids, completion.finish_reason)
         self.messages.append({"role": "assistant", "content": self.last_text})

@@ -17,6 +17,10 @@ Conventions (the real sampler adapts to these; field names are part of the contr
   stopped on one (`finish_reason == "stop"`), exactly as sampled; `TurnOutput.log_probs[i]` is
   the sampling-time log_prob of `token_ids[i]` (same length).
 - `finish_reason` is `"stop"` (a stop token was sampled) or `"length"` (hit `max_tokens`).
+- `TurnOutput.expert_ids` (optional; mixture-of-experts samplers recording routing for
+  `actor.router_replay`): the experts every token of prompt + sampled tokens was routed to
+  per layer, `[len(prompt_token_ids) + len(token_ids), L, k]`, -1 where not computed; the
+  loop stitches the turns' records into the trajectory's (`rljax.agent.trajectory`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class TurnOutput:
     token_ids: list[int]
     log_probs: list[float]
     finish_reason: str
+    expert_ids: Any = None  # [P + R, L, k] int32 routing record, or None (see module docstring)
 
     def validate(self, max_tokens: int | None = None) -> None:
         validate_completion(self, max_tokens)

@@ -4,7 +4,8 @@ The rollout sampler's ``generate_async(GenerationRequest)`` returns a *list* of 
 (one per sample, ``n`` of them) and takes its own `SamplingParams`. The agent loop asks for
 one continuation per request, so this adapter converts the request (a params ``dict`` becomes
 ``SamplingParams(**dict)``; a `SamplingParams` passes through; ``n`` must be 1) and returns
-the single completion as the agent's `TurnOutput`. `rljax.rollout` is imported lazily, so the
+the single completion as the agent's `TurnOutput` (with its routing record, `expert_ids`,
+when the sampler recorded one). `rljax.rollout` is imported lazily, so the
 agent package does not depend on it (or on JAX) at import time.
 """
 
@@ -37,4 +38,5 @@ class RolloutSamplerAdapter:
             if len(out) != 1:
                 raise ValueError(f"expected one completion, got {len(out)}")
             out = out[0]
-        return TurnOutput(list(out.token_ids), [float(x) for x in out.log_probs], str(out.finish_reason))
+        return TurnOutput(list(out.token_ids), [float(x) for x in out.log_probs], str(out.finish_reason),
+                          getattr(out, "expert_ids", None))

@@ -11,6 +11,12 @@ One `TrajectoryBuilder` per episode owns the episode's token buffer:
 Nothing appended is ever decoded and re-encoded. `segments` records each appended span
 (``"sampled"`` or ``"observation"``) so tests and debuggers can check every boundary.
 
+Routing replay (mixture-of-experts, `actor.router_replay`): when the sampler records
+routing, each turn's record (`TurnRouting`: the turn's prompt + sampled tokens and their
+experts ``[len, L, k]``) is kept, and `stitch_routing` builds the trajectory's
+``expert_ids`` ``[len(input_ids), L, k]``: every position takes the record of the earliest
+turn that computed it (-1 where none did).
+
 `pack_trajectories` turns many trajectories into right-padded numpy arrays following the data
 contract of docs/design.md: ``input_ids = prompt_ids + response_ids``, and at every position t
 ``response_mask[t]`` / ``rollout_log_probs[t]`` describe ``input_ids[t]`` itself (the log_prob
@@ -39,6 +45,57 @@ class Segment:
     end: int
 
 
+@dataclass(frozen=True)
+class TurnRouting:
+    """What one sampler call computed: ``tokens`` = its prompt + its sampled tokens, and
+    ``expert_ids`` ``[len(tokens), L, k]`` int32, the experts each of them was routed to per
+    layer (-1: not computed, e.g. the last sampled token, never fed back)."""
+
+    tokens: list[int]
+    expert_ids: np.ndarray
+
+
+def _recorded(expert_ids: np.ndarray) -> np.ndarray:
+    """``[n]`` bool: positions whose record is complete (every layer's ids >= 0)."""
+    return (expert_ids >= 0).reshape(len(expert_ids), -1).all(axis=1)
+
+
+def stitch_routing(token_ids: Sequence[int], turns: Sequence[TurnRouting]) -> np.ndarray:
+    """The trajectory's routing record ``[len(token_ids), L, k]`` int32 from its turns'.
+
+    Rule: position t takes the record of the earliest turn (in call order) that has a
+    record >= 0 at t; positions no turn computed stay -1. So a sampled token takes its own
+    turn's decode-time record, the initial prompt and an observation take the prefill of the
+    first turn whose prompt contained them, and a turn's last sampled token (-1 in its own
+    turn) takes the next turn's prefill record.
+
+    Token-in-token-out is checked, never assumed: each turn's tokens must be a prefix of
+    `token_ids` and its record as long as its tokens; otherwise `ValueError` (a misaligned
+    record would silently replay the wrong experts).
+    """
+    if not turns:
+        raise ValueError("stitch_routing needs at least one turn's record")
+    token_ids = np.asarray(token_ids, np.int64)
+    shape = np.asarray(turns[0].expert_ids).shape[1:]
+    out = np.full((len(token_ids), *shape), -1, np.int32)
+    filled = np.zeros(len(token_ids), bool)
+    for j, turn in enumerate(turns):
+        record = np.asarray(turn.expert_ids)
+        n = len(turn.tokens)
+        if record.shape != (n, *shape):
+            raise ValueError(f"turn {j}: routing record of shape {record.shape} for {n} tokens "
+                             f"(expected {(n, *shape)})")
+        if n > len(token_ids) or not np.array_equal(np.asarray(turn.tokens, np.int64), token_ids[:n]):
+            mismatch = next((i for i, (a, b) in enumerate(zip(turn.tokens, token_ids)) if a != b),
+                            min(n, len(token_ids)))
+            raise ValueError(f"turn {j}: its prompt + sampled tokens are not a prefix of the trajectory "
+                             f"(first difference at position {mismatch}); routing records cannot be aligned")
+        take = _recorded(record) & ~filled[:n]
+        out[:n][take] = record[take]
+        filled[:n] |= take
+    return out
+
+
 @dataclass
 class Trajectory:
     """The finished record of one episode (see module docstring for the token conventions).
@@ -62,6 +119,8 @@ class Trajectory:
         group_id: the episode's prompt group, passed through.
         metadata: the episode's metadata, passed through.
         metrics: other per-episode counters (``observation_truncated``, timings, ...).
+        expert_ids: with routing recorded by the sampler (MoE), ``[len(input_ids), L, k]``
+            int32 stitched from the turns' records (`stitch_routing`); None otherwise.
     """
 
     prompt_ids: list[int]
@@ -81,6 +140,7 @@ class Trajectory:
     group_id: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    expert_ids: np.ndarray | None = None
 
     @property
     def input_ids(self) -> list[int]:
@@ -104,6 +164,7 @@ class TrajectoryBuilder:
         self.response_mask: list[int] = []
         self.rollout_log_probs: list[float] = []
         self.segments: list[Segment] = []
+        self.routing: list[TurnRouting] = []
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
@@ -131,6 +192,12 @@ class TrajectoryBuilder:
         """Append template/observation tokens: mask 0, log_prob 0.0."""
         self._append(OBSERVATION, token_ids, [0] * len(token_ids), [0.0] * len(token_ids))
 
+    def record_routing(self, prompt_ids: Sequence[int], token_ids: Sequence[int], expert_ids: Any) -> None:
+        """Keep one turn's routing record (`Completion.expert_ids` ``[P + R, L, k]`` of the
+        request `prompt_ids` and its sampled `token_ids`) for `stitch_routing` at `build`."""
+        self.routing.append(TurnRouting([*map(int, prompt_ids), *map(int, token_ids)],
+                                        np.asarray(expert_ids, np.int32)))
+
     def _append(self, kind: str, ids: Sequence[int], mask: list[int], lps: list[float]) -> None:
         if not ids:
             return
@@ -141,13 +208,16 @@ class TrajectoryBuilder:
         self.segments.append(Segment(kind, start, len(self.response_ids)))
 
     def build(self, **fields: Any) -> Trajectory:
-        """Freeze the buffer into a `Trajectory` with the given bookkeeping fields."""
+        """Freeze the buffer into a `Trajectory` with the given bookkeeping fields (and the
+        stitched routing record when turns recorded one)."""
+        expert_ids = stitch_routing(self.token_buffer(), self.routing) if self.routing else None
         return Trajectory(
             prompt_ids=list(self.prompt_ids),
             response_ids=list(self.response_ids),
             response_mask=list(self.response_mask),
             rollout_log_probs=list(self.rollout_log_probs),
             segments=list(self.segments),
+            expert_ids=expert_ids,
             **fields,
         )
 

@@ -5,6 +5,9 @@ run concurrently against the sampler's async API so they share its continuous ba
 A trajectory keeps the exact sampled tokens (mask 1, with their log-probs) and the
 observation tokens (mask 0); its score is the task reward of the final assistant message
 (`compute_score`, as single-turn) plus the tool / environment rewards of the episode.
+With routing replay (`actor.router_replay`, MoE) its sample also carries `expert_ids`
+`[P + R, L, k]`, like a single-turn sample's, stitched from its turns' records
+(`rljax.agent.trajectory.stitch_routing`).
 
 How the `agent:` section meets the rest of the RL config:
 
@@ -147,7 +150,7 @@ def agent_generate_and_score(sampler, reward_manager, tokenizer, prompts: dict[s
         samples.append(Sample(prompt_ids=list(t.prompt_ids), response_ids=list(t.response_ids),
                               response_mask=list(t.response_mask), response_log_probs=list(t.rollout_log_probs),
                               group_id=int(t.group_id), score=float(task_score) + float(t.reward),
-                              truncated=t.termination in TRUNCATED))
+                              truncated=t.termination in TRUNCATED, expert_ids=t.expert_ids))
     metrics = {**result.metrics, **collect_metrics(trajectories)}
     if overlong_buffer is not None:
         shaped = overlong_shaping([s.score for s in samples], samples, config.max_response_tokens, overlong_buffer,

@@ -123,9 +123,6 @@ class RLConfig:
         if buffer.enable and buffer.len > r.response_length:
             raise ConfigError(f"reward.overlong_buffer.len={buffer.len}: must be in [1, "
                               f"rollout.response_length={r.response_length}]")
-        if self.actor.router_replay and self.agent is not None:
-            raise ConfigError("actor.router_replay: not supported with agent (multi-turn) rollouts yet (each turn's "
-                              "routing would have to be stitched into the episode); turn one of them off")
         fg = alg.filter_groups
         if fg.enable and fg.metric == "seq_final_reward" and alg.use_kl_in_reward:
             raise ConfigError("algorithm.filter_groups.metric=seq_final_reward: groups are filtered before the "

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import warnings
 from types import SimpleNamespace
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
@@ -342,15 +344,15 @@ class FirstTurnScripted:
         return [comp]
 
 
-@pytest.mark.filterwarnings("error:an RL data row")
-def test_one_agent_rl_step_on_tiny_model(tmp_path, tok):
-    raw = {
-        "model": {"tokenizer": "char", "hf_config": {
-            "model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-            "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": True}},
-        "agent": {"tool_config_path": "configs/tools/calculator.yaml", "max_turns": 3, "max_tokens_per_turn": 96,
-                  "min_turn_tokens": 8},
-    }
+TINY_QWEN2 = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": True}
+
+
+def agent_trainer(tmp_path, hf_config: dict, agent: dict, *overrides) -> RLTrainer:
+    """An RLTrainer with `agent:` rollouts (calculator tool, char tokenizer) on a tiny model:
+    2 prompts x 4 episodes per step (8 rows, one per virtual device)."""
+    raw = {"model": {"tokenizer": "char", "hf_config": hf_config},
+           "agent": {"tool_config_path": "configs/tools/calculator.yaml", **agent}}
     path = tmp_path / "agent.yaml"
     path.write_text(yaml.safe_dump(raw))
     cfg = load_config(RLConfig, str(path), [
@@ -359,13 +361,18 @@ def test_one_agent_rl_step_on_tiny_model(tmp_path, tok):
         'data.val_files=["synthetic:tool_arithmetic/rl?n=2&seed=1"]', "data.train_batch_size=2",
         "data.max_prompt_length=240", "data.bucket_size=16", "rollout.n=4", "rollout.response_length=128",
         "rollout.max_num_seqs=16", "rollout.num_pages=128", "rollout.page_size=16", "actor.ppo_mini_batch_size=2",
-        "actor.optim.lr=1e-2", "reward.mode=inline", "trainer.save_freq=0", "trainer.total_steps=1"])
+        "actor.optim.lr=1e-2", "reward.mode=inline", "trainer.save_freq=0", "trainer.total_steps=1", *overrides])
     cwd = os.getcwd()
     os.chdir(tmp_path)  # the tool config resolves from the source tree
     try:
-        trainer = RLTrainer(cfg)
+        return RLTrainer(cfg)
     finally:
         os.chdir(cwd)
+
+
+@pytest.mark.filterwarnings("error:an RL data row")
+def test_one_agent_rl_step_on_tiny_model(tmp_path, tok):
+    trainer = agent_trainer(tmp_path, TINY_QWEN2, {"max_turns": 3, "max_tokens_per_turn": 96, "min_turn_tokens": 8})
     trainer.generation.sampler = FirstTurnScripted(trainer.generation.sampler, tok)
     captured = capture_batches(trainer)
     before = jax.device_get(trainer.actor.state.params)
@@ -392,3 +399,83 @@ def test_one_agent_rl_step_on_tiny_model(tmp_path, tok):
     assert any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
     assert val["val-aux/synthetic/tool_arithmetic/tool_use/mean@1"] == 1.0
     assert "val-core/synthetic/tool_arithmetic/acc/mean@1" in val
+
+
+# ---- routing replay (`actor.router_replay`) with agent rollouts on a tiny MoE -----------------
+
+class ScriptedCallWithRouting:
+    """The first turn of every episode is a scripted calculator call whose routing record is
+    the real model's (a prefill of prompt + call through the real sampler, its one sampled
+    token dropped); the second turn is the real sampler's. The second turn's record of the
+    positions the first already computed is overwritten with other experts: stitching must
+    take the earliest turn's record there, or the replayed log-probs stop matching."""
+
+    def __init__(self, sampler, tok, num_experts: int):
+        self.sampler, self.tok, self.num_experts = sampler, tok, num_experts
+        self.real: list[Completion] = []  # the real (model-sampled) turns, as the sampler returned them
+        self.probed: dict[int, int] = {}  # episode (its random stream) -> positions its first turn recorded
+
+    def __getattr__(self, name):
+        return getattr(self.sampler, name)
+
+    async def generate_async(self, request):
+        prompt = list(request.prompt_token_ids)
+        turn = self.tok.decode(prompt).count("<|im_start|>assistant") - 1
+        if turn == 0:
+            ids = enc(self.tok, call_text(question_of(self.tok, prompt)) + IM_END)
+            prefill = dataclasses.replace(request, prompt_token_ids=prompt + ids,
+                                          sampling_params=dataclasses.replace(request.sampling_params, max_tokens=1))
+            (probe,) = await self.sampler.generate_async(prefill)
+            self.probed[request.sampling_params.stream] = len(prompt) + len(ids)
+            return [Completion(request.request_id, 0, prompt, ids, [-0.25] * len(ids), "stop",
+                               probe.expert_ids[: len(prompt) + len(ids)])]
+        (comp,) = await self.sampler.generate_async(request)
+        self.real.append(comp)
+        record = comp.expert_ids.copy()
+        seen = self.probed[request.sampling_params.stream]
+        record[:seen] = (record[:seen] + 1) % self.num_experts  # recomputed positions: other experts
+        return [dataclasses.replace(comp, expert_ids=record)]
+
+
+def test_agent_routing_replay_on_tiny_moe(tmp_path, tok):
+    """One GRPO step, a qwen3_moe policy in float32, `actor.router_replay=true`, a calculator
+    call per episode: every position the model computed carries a record in the batch, and
+    the trainer's old log-probs, replaying it, are the sampler's on the real turns."""
+    from tests.rl.test_moe_rl import MOE
+
+    trainer = agent_trainer(tmp_path, MOE, {"max_turns": 2, "max_tokens_per_turn": 96, "min_turn_tokens": 8},
+                            "actor.router_replay=true")
+    scripted = ScriptedCallWithRouting(trainer.generation.sampler, tok, MOE["num_experts"])
+    trainer.generation.sampler = scripted
+    captured = capture_batches(trainer)
+    before = jax.tree.map(np.asarray, trainer.actor.params)
+    try:
+        metrics = trainer.step()
+    finally:
+        trainer.close()
+    batch, samples = captured["batch"], captured["rollout"].samples
+    assert trainer.forwards.router_replay and np.isfinite(metrics["actor/pg_loss"])
+    experts, mask = batch["expert_ids"], batch["attention_mask"]
+    assert experts.shape == (*batch["input_ids"].shape, MOE["num_hidden_layers"], MOE["num_experts_per_tok"])
+    real = np.zeros(mask.shape, bool)  # tokens the real sampler chose (their log-probs are the model's)
+    for b, s in enumerate(samples):
+        n = len(s.prompt_ids) + len(s.response_ids)
+        assert mask[b].sum() == n and s.response_mask.count(1) > 0
+        # every position fed to the model has a record; the last token (never fed) and padding none
+        assert (experts[b, : n - 1] >= 0).all() and (experts[b, n - 1:] == -1).all()
+        ids = s.prompt_ids + s.response_ids
+        comp = next(c for c in scripted.real if ids[: len(c.prompt_token_ids) + len(c.token_ids)]
+                    == list(c.prompt_token_ids) + list(c.token_ids))
+        p, r = len(comp.prompt_token_ids), len(comp.token_ids)
+        assert p + r == n  # the real turn ends the episode (max_turns=2)
+        real[b, p: p + r] = True
+        # its tokens replay its own decode-time record
+        np.testing.assert_array_equal(experts[b, p: n - 1], comp.expert_ids[p: n - 1])
+    assert (batch["response_mask"][real] > 0).all()
+    diff = np.abs(batch["old_log_probs"] - batch["rollout_log_probs"])[real]
+    assert diff.max() < 1e-5, diff.max()
+    # the forwards read the record: other experts give other log-probs
+    params = jax.tree.map(jnp.asarray, before)
+    shifted = np.where(experts >= 0, (experts + 1) % MOE["num_experts"], -1)
+    moved = np.asarray(trainer.forwards.log_probs(params, batch["input_ids"], mask, shifted))
+    assert np.abs(moved - batch["old_log_probs"])[real].max() > 1e-2

@@ -138,8 +138,9 @@ def test_replay_on_rollout_replicas_after_a_weight_hand_off(tmp_path):
     assert metrics["training/rollout_probs_diff_max"] < 1e-5
 
 
-def test_router_replay_refused_for_dense_models_and_agents(tmp_path):
+def test_router_replay_refused_for_dense_models_only(tmp_path):
     with pytest.raises(Exception, match=r"actor.router_replay: the model \(qwen2\) is dense"):
         RLTrainer(make_config(tmp_path, "actor.router_replay=true"))
-    with pytest.raises(Exception, match="actor.router_replay: not supported with agent"):
-        load_config(RLConfig, os.path.join(REPO, "configs", "agent_quickstart.yaml"), ["actor.router_replay=true"])
+    # agent rollouts stitch each episode's routing from its turns (tests/rl/test_agent_rl.py)
+    cfg = load_config(RLConfig, os.path.join(REPO, "configs", "agent_quickstart.yaml"), ["actor.router_replay=true"])
+    assert cfg.actor.router_replay and cfg.agent is not None
