@@ -134,26 +134,41 @@ def resolved_attention(name: str, backend: str, compute_dtype: str, head_dim: in
     return choose_attention(backend, compute_dtype, head_dim, True)
 
 
-def moe_mlp_terms(cfg, fsdp: int, tensor: int) -> tuple[float, float]:
-    """Values per token of this device's rows, in units of the compute dtype, that one MoE
-    layer keeps (`rljax.models.moe.expert_parallel_dispatch`): the fsdp group's tokens are
-    gathered (G = fsdp tokens per own token) and each of their k slots gets a buffer row,
-    dropless, so sized for every slot although only the local experts' are non-zero:
-        none:      fsdp (2e + k (2e + 3F / t))     gathered tokens, partial sums; sorted
-                                                   rows, expert outputs, gate, up, act
-        save_dots: fsdp k (e + 2F / t)             the grouped matmuls' outputs"""
-    e, k, f = cfg.hidden_size, cfg.num_experts_per_tok, cfg.moe_intermediate_size
-    return fsdp * (2 * e + k * (2 * e + 3 * f / tensor)), fsdp * k * (e + 2 * f / tensor)
+def moe_mlp_terms(cfg, fsdp: int, tensor: int, compute_bytes: int = 2) -> tuple[float, float]:
+    """Values per token of this device's rows, in units of the compute dtype (c bytes), that
+    one MoE layer keeps (`rljax.models.moe.expert_parallel_dispatch`): the fsdp group's
+    tokens are gathered (G = fsdp tokens per own token) and each of their k slots gets a
+    buffer row, dropless, so sized for every slot although only the local experts' are
+    non-zero:
+        none:      fsdp (2e + k (8e / c + 3e + 3F / t))
+                     2e:     gathered tokens, partial sums
+                     8e / c: the router-weighted sum `btke,btk->bte` runs in float32: the
+                             expert outputs cast to float32 [S, E] and, in the backward,
+                             their float32 gradient (d out x w) [S, E], 4 bytes each
+                     3e:     [S, E] buffers of the compute dtype (sorted rows, expert
+                             outputs: two seen at the peak; the third is calibration to
+                             the compiled total, whose last ~5.5 GiB at fsdp 64 no buffer
+                             dump explained)
+                     3F / t: gate, up, act
+        save_dots: fsdp k (e + 2F / t)             the grouped matmuls' outputs
+    The 8e / c + 3e per slot were read off the compiled TPU train step of Qwen3-30B-A3B
+    (v5p, fsdp 64 and 16, 2 layers, 1 row per chip, full remat: the backward of the
+    rematted layer holds both float32 [S, E] arrays at its peak); fitted at fsdp 64
+    (-1.5%), checked at fsdp 16 (-6.7%); without them the estimate was 15 GiB per chip
+    short at fsdp 64. Other remat modes and tensor > 1 are not measured."""
+    e, k, f, c = cfg.hidden_size, cfg.num_experts_per_tok, cfg.moe_intermediate_size, compute_bytes
+    return fsdp * (2 * e + k * (8 * e / c + 3 * e + 3 * f / tensor)), fsdp * k * (e + 2 * f / tensor)
 
 
 def moe_dispatch_bytes(cfg, rows: int, seq: int, fsdp: int, tensor: int, compute_bytes: int) -> int:
-    """One MoE layer's dispatch buffers on one device, one gather: b' T c fsdp (2e + k (2e +
-    3F / t)) (`moe_mlp_terms`, none), b' the rows per gather (b, or the largest divisor of
-    b with b' fsdp T <= `MAX_GATHERED_TOKENS`: the dispatch runs in chunks of rows)."""
+    """One MoE layer's dispatch buffers on one device, one gather, as its backward holds them:
+    b' T c fsdp (2e + k (8e / c + 3e + 3F / t)) (`moe_mlp_terms`, none), b' the rows per
+    gather (b, or the largest divisor of b with b' fsdp T <= `MAX_GATHERED_TOKENS`: the
+    dispatch runs in chunks of rows)."""
     from rljax.models.moe import MAX_GATHERED_TOKENS
 
     chunk = max([d for d in range(1, rows + 1) if rows % d == 0 and d * fsdp * seq <= MAX_GATHERED_TOKENS] or [1])
-    return int(chunk * seq * compute_bytes * moe_mlp_terms(cfg, fsdp, tensor)[0])
+    return int(chunk * seq * compute_bytes * moe_mlp_terms(cfg, fsdp, tensor, compute_bytes)[0])
 
 
 def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, remat: str,
@@ -178,7 +193,7 @@ def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, 
     e, h, k, d, L = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                      cfg.num_hidden_layers)
     c = compute_bytes
-    mlp_none, mlp_dots = moe_mlp_terms(cfg, fsdp, tensor) if cfg.is_moe else (
+    mlp_none, mlp_dots = moe_mlp_terms(cfg, fsdp, tensor, c) if cfg.is_moe else (
         3 * cfg.intermediate_size / tensor, 2 * cfg.intermediate_size / tensor)
     per_token = c * (4 * e + (2 * h + 2 * k) * d / tensor + mlp_none)
     scores = (4 + c) * h * seq / tensor if attention == "xla" else 0  # the other kernels are flash-style
