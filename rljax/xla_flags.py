@@ -5,8 +5,8 @@ Several CPU devices in one process (``--xla_force_host_platform_device_count=N``
 tests and `launch/local_multiprocess.py`): XLA:CPU's default schedule is optimised for
 concurrency, and its runtime then runs independent parts of a program at once. In the
 LoRA train step an FSDP all-gather inside the layer scan and an all-reduce outside it are
-independent; the devices' threads then enter the two in-process rendezvous in different
-orders, the program deadlocks, and after 40 s XLA aborts the process ("Termination timeout
+independent; the program deadlocked (our reading of XLA's log: the devices' threads
+entered the two in-process rendezvous in different orders), and after 40 s XLA aborts the process ("Termination timeout
 for `all reduce ...` ... only 7 of them arrived"; no Python error). On a 2-core machine a
 loop of LoRA SFT runs (train 16 steps, resume from step 8) aborted within 5 runs in 6 of 6
 attempts, 32 XLA threads or synchronous dispatch included; with the memory-optimised
