@@ -21,6 +21,7 @@ from rljax.checkpoint import Checkpointer
 from rljax.config import load_config
 from rljax.train.loop import train
 from rljax.train.run_config import RunConfig
+from rljax.xla_flags import with_cpu_multi_device_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "sft_tiny.yaml")
@@ -248,8 +249,8 @@ def test_interrupt_or_error_finishes_the_save_in_flight(tmp_path):
         overrides = [f"trainer.default_local_dir={tmp_path / kind}", *SMALL, "trainer.async_save=true"]
         procs[kind] = subprocess.Popen([sys.executable, "-c", INTERRUPTED_RUN, kind, CONFIG, *overrides],
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                       env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-                                            "JAX_PLATFORMS": "cpu"})
+                                       env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": with_cpu_multi_device_flags(
+                                           "--xla_force_host_platform_device_count=8")})
     for kind, proc in procs.items():
         out, err = proc.communicate(timeout=600)
         run_dir = str(tmp_path / kind / "sft_tiny")
