@@ -78,7 +78,6 @@ def stitch_routing(token_ids: Sequence[int], turns: Sequence[TurnRouting]) -> np
     token_ids = np.asarray(token_ids, np.int64)
     shape = np.asarray(turns[0].expert_ids).shape[1:]
     out = np.full((len(token_ids), *shape), -1, np.int32)
-    filled = np.zeros(len(token_ids), bool)
     for j, turn in enumerate(turns):
         record = np.asarray(turn.expert_ids)
         n = len(turn.tokens)
@@ -90,9 +89,8 @@ def stitch_routing(token_ids: Sequence[int], turns: Sequence[TurnRouting]) -> np
                             min(n, len(token_ids)))
             raise ValueError(f"turn {j}: its prompt + sampled tokens are not a prefix of the trajectory "
                              f"(first difference at position {mismatch}); routing records cannot be aligned")
-        take = _recorded(record) & ~filled[:n]
+        take = _recorded(record) & ~_recorded(out[:n])  # what no earlier turn recorded
         out[:n][take] = record[take]
-        filled[:n] |= take
     return out
 
 
