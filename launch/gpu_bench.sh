@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accelerator benchmark of issue 9, prepared for one NVIDIA H200 (budget: < 8 minutes).
+# The accelerator benchmark, prepared for one NVIDIA H200 (budget: < 8 minutes).
 #
 #   launch/gpu_bench.sh [--quick] [--no-torch] [--no-tests] [--dry-run]
 #

@@ -1,16 +1,12 @@
 """XLA flags rljax adds before a JAX backend starts (no jax import here: `rljax --help`
 stays instant and the test setup can apply them before jax reads XLA_FLAGS).
 
-Several CPU devices in one process (``--xla_force_host_platform_device_count=N``, the
-tests and `launch/local_multiprocess.py`): XLA:CPU's default schedule is optimised for
-concurrency, and its runtime then runs independent parts of a program at once. In the
-LoRA train step an FSDP all-gather inside the layer scan and an all-reduce outside it are
-independent; the program deadlocked (our reading of XLA's log: the devices' threads
-entered the two in-process rendezvous in different orders), and after 40 s XLA aborts the process ("Termination timeout
-for `all reduce ...` ... only 7 of them arrived"; no Python error). On a 2-core machine a
-loop of LoRA SFT runs (train 16 steps, resume from step 8) aborted within 5 runs in 6 of 6
-attempts, 32 XLA threads or synchronous dispatch included; with the memory-optimised
-schedule, 0 aborts in 60 runs. Accelerator backends do not read these flags.
+Several CPU devices in one process (``--xla_force_host_platform_device_count=N``): under
+XLA:CPU's default, concurrency-optimised schedule two independent collectives of one
+program (the LoRA train step's in-scan FSDP all-gather and an all-reduce outside it) can be
+entered in different orders by the devices' threads and deadlock, and XLA aborts the
+process after 40 s; rljax selects the memory-optimised schedule instead (measurements:
+docs/benchmarks.md). Accelerator backends do not read these flags.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The rollout layouts compared by the work each device does (issue 16).
+"""The rollout layouts compared by the work each device does.
 
 One RL-shaped workload (P prompts x n samples, `--max-tokens` each, every sample runs to
 the cap) is sampled by:

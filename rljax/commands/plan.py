@@ -154,7 +154,7 @@ def moe_mlp_terms(cfg, fsdp: int, tensor: int, compute_bytes: int = 2) -> tuple[
     The 8e / c + 3e per slot were read off the compiled TPU train step of Qwen3-30B-A3B
     (v5p, fsdp 64 and 16, 2 layers, 1 row per chip, full remat: the backward of the
     rematted layer holds both float32 [S, E] arrays at its peak); fitted at fsdp 64
-    (-1.5%), checked at fsdp 16 (-6.7%); without them the estimate was 15 GiB per chip
+    (-1.5%), checked at fsdp 16 (-6.7%); without them the estimate falls 15 GiB per chip
     short at fsdp 64. Other remat modes and tensor > 1 are not measured."""
     e, k, f, c = cfg.hidden_size, cfg.num_experts_per_tok, cfg.moe_intermediate_size, compute_bytes
     return fsdp * (2 * e + k * (8 * e / c + 3 * e + 3 * f / tensor)), fsdp * k * (e + 2 * f / tensor)

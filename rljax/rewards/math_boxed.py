@@ -8,7 +8,7 @@ the ground truth after normalisation (see `rljax.rewards.math_normalize`), else 
 box -> 0.0. A ground truth that is a full solution (contains ``\\boxed``) is reduced to
 its boxed answer first.
 
-Deliberate differences from verl (README, "Rule rewards and verl"): numbers compare by
+Deliberate differences from verl (docs/rewards.md, "Rule rewards and verl"): numbers compare by
 value (verl: only ``0.5`` and ``a/b`` are rewritten as ``\\frac``, so ``0.25`` !=
 ``\\frac14``), and the normaliser also strips ``\\displaystyle``, ``\\text{...}`` units
 without a leading space and thousands separators.

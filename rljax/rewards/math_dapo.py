@@ -15,7 +15,7 @@ $34$`` -> ``34``), drop unit words (``34 dollars``, ``90 degrees``, ``12 ways``,
 inches``, `UNIT_WORDS`) and inch marks, and read ``\\text{ and }`` as a comma. Then
 `math_equal` compares them (the MATH normaliser plus exact numeric equality).
 
-Deliberate differences from verl (README, "Rule rewards and verl"): numbers compare by
+Deliberate differences from verl (docs/rewards.md, "Rule rewards and verl"): numbers compare by
 value (``0.5`` == ``\\frac12``, ``34.0`` == ``34``); unit words go only as whole words
 (verl deletes them inside words: ``Tuesday`` -> ``Tday``); no ``a ``/``an `` deletion
 (verl: ``2a + 3`` -> ``2+3``); ``\\overline`` is kept (verl: ``0.\\overline{3}`` ==

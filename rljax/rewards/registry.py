@@ -141,7 +141,7 @@ def has_reward_fn(data_source: str, *, warn: bool = True) -> bool:
         logger.warning(
             "!!! NO REWARD FUNCTION for data_source %r: no rule scores its samples (with a reward "
             "model or verifier they get rule score 0.0). Register one with @register_reward(%r) or "
-            "set reward.custom_reward_function.path; the README's 'Rule rewards and verl' lists the "
+            "set reward.custom_reward_function.path; docs/rewards.md, 'Rule rewards and verl', lists the "
             "verl data sources rljax scores. Known: %s. (Logged once per data_source.)",
             data_source, data_source, ", ".join(REWARDS.names()),
         )

@@ -273,7 +273,7 @@ def test_file_size_limit(scratch_root):
     assert "File too large" in out.text
 
 
-# -- escapes found in review (issue 14): each one is an attack test ---------------------------
+# -- escape attempts: each one is an attack test ---------------------------------------------
 #
 # Each attack runs against three configurations ("layer"):
 #   all         the default: the OS layer (bubblewrap, when installed) and the in-process layer;

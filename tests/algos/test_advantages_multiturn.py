@@ -1,4 +1,4 @@
-"""Every advantage estimator on multi-turn trajectories (issue 13), against hand-computed values.
+"""Every advantage estimator on multi-turn trajectories, against hand-computed values.
 
 A row is laid out as rljax's batch builds it: [prompt][turn 1 sampled][observation][turn 2
 sampled]...[padding]. Only sampled tokens carry response_mask 1; the outcome reward sits on the
@@ -186,7 +186,7 @@ def test_remax_per_turn_rewards():
 # ---------------------------------------------------------------- REINFORCE++
 def test_reinforce_plus_plus_multiturn_gamma_one():
     # gamma = 1: the outcome reaches every sampled token of every turn, G = score; masked 0.
-    # (before the fix, the first observation span reset the return: turn 1 of A got 0.)
+    # (an observation span does not reset the return: turn 1 of A gets the score too.)
     layouts, scores = [A, D, E], [1.0, 2.0, 1.0]
     rewards, mask = batch(layouts, scores)
     adv, ret = run("reinforce_plus_plus", token_level_rewards=rewards, response_mask=mask, gamma=1.0)

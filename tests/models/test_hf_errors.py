@@ -25,7 +25,7 @@ def test_tokenizer_folder_with_only_configs_is_not_a_one_token_tokenizer(tmp_pat
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "Qwen2Tokenizer",
                                                                 "eos_token": "<|im_end|>"}))
     with pytest.raises(FileNotFoundError) as info:
-        load_hf_tokenizer(str(tmp_path))  # used to load a tokenizer of 1-2 tokens that encodes nothing
+        load_hf_tokenizer(str(tmp_path))  # an error, not a tokenizer of 1-2 tokens that encodes nothing
     message = str(info.value)
     assert str(tmp_path) in message and "tokenizer.json" in message and "vocab.json" in message, message
 

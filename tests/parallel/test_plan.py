@@ -151,7 +151,7 @@ def test_plan_of_qwen3_30b_a3b_on_64_v5p_chips():
     assert names["MoE dispatch buffers, one layer (in the activations)"] == \
         b * t * fsdp * (c * 2 * e + k * (4 * 2 * e + c * (3 * e + 3 * f)))  # float32 slot outputs + gradient
     # the compiled TPU train step (v5p-128, fsdp 64, 2 layers: 27.96 GiB per chip; 48 layers: 38.5) is in the
-    # dispatch's backward: plan's total must come within 10% of it, not 15 GiB short as before
+    # dispatch's backward: plan's total must come within 10% of it
     two = make_plan(load_raw(config, ["model.hf_config.num_hidden_layers=2"]), devices=64, backend="tpu")
     assert abs(two.total / 2**30 - 27.96) < 0.1 * 27.96
     assert abs(plan.total / 2**30 - 38.5) < 0.1 * 38.5

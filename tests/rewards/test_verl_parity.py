@@ -1,4 +1,4 @@
-"""Rule rewards against verl's ``reward_score`` (issue 13, point 4).
+"""Rule rewards against verl's ``reward_score``.
 
 Expected values are hand-computed from verl's code (``verl/utils/reward_score``):
 ``default_compute_score``'s dispatch, ``math_dapo.normalize_final_answer``,
@@ -62,7 +62,7 @@ def test_dapo_wrong_answers_stay_wrong(response, truth):
 
 def test_dapo_unit_words_are_words():
     # verl removes "sue" from inside "Tuesday" (both sides), so "Tday" == "Tuesday" there;
-    # rljax removes unit words only as words. Deliberate difference (README).
+    # rljax removes unit words only as words. Deliberate difference (docs/rewards.md).
     assert compute_score("math_dapo", r"Answer: \text{Tuesday}", r"\text{Tuesday}")["score"] == 1.0
     assert compute_score("math_dapo", "Answer: Tday", "Tuesday")["score"] == -1.0
 

@@ -93,8 +93,8 @@ def test_actor_update_is_the_same_whole_in_micro_batches_and_sharded(mode):
 
 def test_clip_cov_selection_is_drawn_per_step_from_the_state_rng():
     """Clip-Cov detaches a random subset of tokens: with ratio 0.5 and a covariance window
-    that admits every token, half of them. The subset must change from step to step (it
-    did not: the key was fixed) and be a function of the TrainState (so a resumed run,
+    that admits every token, half of them. The subset must change from step to step (a
+    fixed key would repeat it) and be a function of the TrainState (so a resumed run,
     which restores rng and step, draws the same)."""
     actor = ActorConfig(policy_loss=PolicyLossSection(loss_mode="clip_cov", clip_cov_ratio=0.5,
                                                       clip_cov_lb=-1e9, clip_cov_ub=1e9), clip_ratio=10.0)

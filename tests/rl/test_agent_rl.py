@@ -282,7 +282,7 @@ def test_agent_generate_and_score_masks_and_rewards(tok):
     assert "reward_model/score/mean" in with_rm.metrics
     # DAPO's overlong shaping applies to agent episodes too, on the whole response (turns and
     # observations) against the episode budget (128): past 128 - 64 tokens the penalty grows
-    # linearly to -1 at the budget (it used to be skipped for agent rollouts)
+    # linearly to -1 at the budget
     from rljax.rl.config import OverlongBufferConfig
 
     shaped = agent_generate_and_score(sampler, rewards, tok, prompts, params, config, group_offset=5,

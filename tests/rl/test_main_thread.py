@@ -48,7 +48,7 @@ def test_inline_registry_rewards_score_from_replica_threads():
             bare = pool.submit(manager.score, items)
             proxied = pool.submit(rewards.score, items)
             calls.serve([bare, proxied])
-        with pytest.raises(RuntimeError, match="SIGALRM"):  # what a replica thread met before
+        with pytest.raises(RuntimeError, match="SIGALRM"):  # what a replica thread meets unproxied
             bare.result()
         assert list(proxied.result().scores) == [1.0, 0.0]
         assert rewards.inline is manager.inline  # other attributes are the manager's

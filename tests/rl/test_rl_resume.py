@@ -75,7 +75,7 @@ def test_sigkill_then_resume_ends_where_an_uninterrupted_run_ends(tmp_path, caps
     assert straight.train_data.get_state() == resumed.train_data.get_state()
 
     # trainer.resume_mode=<path>: a new run directory starting from another run's step-2
-    # checkpoint continues that run (RL used to ignore the path and start from scratch)
+    # checkpoint continues that run (it does not start from scratch)
     straight_dir = os.path.join(tmp_path / "straight", cfg.trainer.experiment_name)
     config, overrides = config_and_overrides(tmp_path, tmp_path / "forked")
     forked = RLTrainer(load_config(RLConfig, config,

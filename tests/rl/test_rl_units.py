@@ -51,7 +51,7 @@ def test_dynamic_sampling_tops_up_when_rounds_run_out():
 def test_dynamic_sampling_filters_on_the_configured_metric():
     """`algorithm.filter_groups.metric=acc` compares the reward's `acc`, not the score:
     group 0's scores vary (a format bonus) but its accuracy does not, so it is dropped;
-    group 1's accuracy varies, so it is kept (the metric used to be ignored)."""
+    group 1's accuracy varies, so it is kept."""
     scores, acc = [[1.0, 0.9], [1.0, 0.0]], [[1, 1], [1, 0]]
     by_score = dynamic_sampling(lambda: None, lambda p, offset: _round(scores, offset, acc), num_groups=2,
                                 max_rounds=1, metric="score")
