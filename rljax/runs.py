@@ -1,6 +1,5 @@
 """What every run does besides training: one scaffold for the supervised loop
-(`rljax.train.loop`) and the RL trainer (`rljax.rl.trainer`), and one rule for what kind
-of run a config (or a run folder) is.
+(`rljax.train.loop`) and the RL trainer (`rljax.rl.trainer`).
 
 A run lives in `<trainer.default_local_dir>/<trainer.experiment_name>/`:
 
@@ -16,58 +15,26 @@ config and tokenizer written by process 0, checkpointer and tracker opened; then
 (finish the save in flight, close the tracker and whatever the loop registered, first
 error wins). A loop keeps only its own work: building models, stepping, metrics.
 
-`run_kind` is the rule `rljax train`, `rljax export` and `rljax eval` share:
-`trainer.algorithm` names a supervised or an RL algorithm; unset, a config is
-supervised unless it has RL sections (then the algorithm must be set).
+The scaffold sits below both loops and imports neither: which loop a config runs is
+decided above them (`rljax.commands.run_kinds`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import jax
 import yaml
 
 from rljax.checkpoint import Checkpointer, Resumed, close_after
 from rljax.checkpoint import resume as restore_latest
-from rljax.config import ConfigError, config_to_dict, save_config, validate
+from rljax.config import config_to_dict, save_config, validate
 from rljax.data.synthetic_spec import materialize
+from rljax.data.tokenizer import load_tokenizer
 from rljax.distributed import is_coordinator, print0
-from rljax.rl.config import RL_ALGORITHMS, RLConfig
 from rljax.tracking import Tracker
-from rljax.train.run_config import SUPERVISED_ALGORITHMS, RunConfig, unknown_algorithm
-from rljax.train.setup import load_tokenizer
-
-RunKind = Literal["supervised", "rl"]
-
-# kind -> the config class its runs read
-RUN_CONFIGS: dict[str, type] = {"supervised": RunConfig, "rl": RLConfig}
-
-# top-level sections only an RL config has (actor, rollout, reward, ...)
-RL_SECTIONS = frozenset(f.name for f in dataclasses.fields(RLConfig)) - {f.name for f in dataclasses.fields(RunConfig)}
-
-
-def run_kind(raw: dict, source: str = "the config") -> RunKind:
-    """"supervised" or "rl" for a raw config mapping (a YAML file's, or a run folder's
-    `config.yaml`): by `trainer.algorithm`; unset, "supervised" unless `raw` has RL
-    sections, which is a `ConfigError` (`source` names the file). An unknown algorithm is a
-    `ConfigError` listing both kinds'."""
-    trainer = raw.get("trainer")
-    algorithm = trainer.get("algorithm") if isinstance(trainer, dict) else None
-    if algorithm is None:
-        rl_only = sorted(RL_SECTIONS & set(raw))
-        if rl_only:
-            raise ConfigError(f"trainer.algorithm: not set, and {source} has RL sections ({', '.join(rl_only)}); "
-                              f"set it to one of {', '.join(RL_ALGORITHMS)}")
-        return "supervised"
-    algorithm = str(algorithm)
-    if algorithm in SUPERVISED_ALGORITHMS:
-        return "supervised"
-    if algorithm in RL_ALGORITHMS:
-        return "rl"
-    raise unknown_algorithm(algorithm, RL_ALGORITHMS)
 
 
 def run_dir_of(cfg: Any) -> str:
@@ -82,6 +49,14 @@ def saved_config(run_dir: str) -> dict:
         raise FileNotFoundError(f"{run_dir}: no config.yaml beside the checkpoints")
     with open(path) as f:
         return yaml.safe_load(f) or {}
+
+
+def raw_algorithm(raw: dict) -> str | None:
+    """`trainer.algorithm` of a raw config mapping (a YAML file's, or a run folder's
+    `config.yaml`), as a string; None when unset."""
+    trainer = raw.get("trainer")
+    algorithm = trainer.get("algorithm") if isinstance(trainer, dict) else None
+    return None if algorithm is None else str(algorithm)
 
 
 def _due(step: int, every: int, total_steps: int) -> bool:

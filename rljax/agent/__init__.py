@@ -8,22 +8,43 @@
 - `tools`: the `Tool` interface, calculator, python sandbox, YAML registry.
 - `environment`: the user-simulator / environment interface.
 - `config`: `AgentConfig`.
-- `rollout_adapter`: `RolloutSamplerAdapter` for `rljax.rollout.Sampler` (imported lazily).
+- `rollout_adapter`: `RolloutSamplerAdapter` for `rljax.rollout.Sampler`.
+
+The names below are imported from their module on first use (`from rljax.agent import
+AgentLoop` works as usual): importing the package, or one light module of it such as
+`rljax.agent.config`, loads neither the loop nor the tools and their sandbox.
 """
 
-from rljax.agent.chat import ChatFormatter, ChatTemplateError
-from rljax.agent.config import AgentConfig, EnvironmentConfig
-from rljax.agent.environment import Environment, EnvStep
-from rljax.agent.loop import AgentLoop, Episode, EpisodeState, collect_metrics, run_episodes
-from rljax.agent.parser import ToolCall, ToolCallParser, get_tool_parser, register_tool_parser
-from rljax.agent.protocol import AsyncSampler, TurnOutput, TurnRequest
-from rljax.agent.rollout_adapter import RolloutSamplerAdapter
-from rljax.agent.trajectory import Trajectory, TrajectoryBuilder, pack_trajectories
+from __future__ import annotations
 
-__all__ = [
-    "AgentConfig", "AgentLoop", "AsyncSampler", "ChatFormatter", "ChatTemplateError",
-    "TurnOutput", "EnvStep", "Environment", "EnvironmentConfig", "Episode", "EpisodeState",
-    "TurnRequest", "RolloutSamplerAdapter", "ToolCall", "ToolCallParser", "Trajectory", "TrajectoryBuilder",
-    "collect_metrics", "get_tool_parser", "pack_trajectories", "register_tool_parser",
-    "run_episodes",
-]
+import importlib
+from typing import Any
+
+# public name -> the module under rljax.agent that defines it
+_EXPORTS: dict[str, str] = {
+    "ChatFormatter": "chat", "ChatTemplateError": "chat",
+    "AgentConfig": "config", "EnvironmentConfig": "config",
+    "Environment": "environment", "EnvStep": "environment",
+    "AgentLoop": "loop", "Episode": "loop", "EpisodeState": "loop", "collect_metrics": "loop",
+    "run_episodes": "loop",
+    "ToolCall": "parser", "ToolCallParser": "parser", "get_tool_parser": "parser",
+    "register_tool_parser": "parser",
+    "AsyncSampler": "protocol", "TurnOutput": "protocol", "TurnRequest": "protocol",
+    "RolloutSamplerAdapter": "rollout_adapter",
+    "Trajectory": "trajectory", "TrajectoryBuilder": "trajectory", "pack_trajectories": "trajectory",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rljax.agent' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"rljax.agent.{module}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -3,8 +3,10 @@ metrics of a policy on the config's `data.val_files` (see `rljax.rl.evaluate`).
 
 The policy is the config's model (`model.path`, or random weights from `model.hf_config`),
 or, with `--checkpoint`, the actor of an RL run (a run directory, its checkpoints/ or one
-step directory). Sampling follows `rollout.val_kwargs` (n, temperature, top_p, top_k) and
-rewards the config's `reward` section, exactly as validation during training.
+step directory; a supervised run's is refused before any work,
+`rljax.commands.run_kinds.checkpoint_kind`). Sampling follows `rollout.val_kwargs` (n,
+temperature, top_p, top_k) and rewards the config's `reward` section, exactly as
+validation during training.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def main(args) -> int:
     import json
     import os
 
+    from rljax.commands.run_kinds import checkpoint_kind
     from rljax.config import load_config
     from rljax.rl.config import RLConfig
     from rljax.rl.evaluate import evaluate
@@ -31,6 +34,9 @@ def main(args) -> int:
     from rljax.distributed import is_coordinator, initialize
 
     cfg = load_config(RLConfig, args.config, args.overrides)  # a ConfigError is one line (rljax.cli)
+    if args.checkpoint is not None and checkpoint_kind(args.checkpoint) != "rl":
+        raise ValueError(f"--checkpoint {args.checkpoint}: a supervised run, with no RL policy in it; export it "
+                         "(rljax export) and set model.path to the export instead")
     initialize()  # jax.distributed from RLJAX_* / TPU environment; no-op for one process
     metrics = evaluate(cfg, checkpoint=args.checkpoint, work_dir=args.work_dir)
     if not is_coordinator():  # every process computed the same metrics; one prints and writes them

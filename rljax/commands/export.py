@@ -36,8 +36,8 @@ def check_out(out: str, overwrite: bool) -> None:
                          "delete its model files: choose a new folder, or pass --overwrite")
 
 
-# run kind (`rljax.runs.run_kind`) -> (module, function) writing its checkpoint as a Hugging Face
-# folder; imported when called, so `rljax --help` loads neither
+# run kind (`rljax.commands.run_kinds.run_kind`) -> (module, function) writing its checkpoint as a
+# Hugging Face folder; imported when called, so `rljax --help` loads neither
 EXPORTERS: dict[str, tuple[str, str]] = {
     "supervised": ("rljax.train.export", "export_checkpoint"),  # the trained module (reward model: its head)
     "rl": ("rljax.rl.policy_checkpoint", "export_policy"),  # the actor alone
@@ -50,11 +50,9 @@ def export_run(path: str, out: str, step: int | None = None, dtype: str | None =
     exporter of its kind, read from the run's `config.yaml`."""
     import importlib
 
-    from rljax.checkpoint import resolve_checkpoint
-    from rljax.runs import run_kind, saved_config
+    from rljax.commands.run_kinds import checkpoint_kind
 
-    run_dir = os.path.dirname(resolve_checkpoint(path)[0])
-    module, name = EXPORTERS[run_kind(saved_config(run_dir), os.path.join(run_dir, "config.yaml"))]
+    module, name = EXPORTERS[checkpoint_kind(path)]
     export = getattr(importlib.import_module(module), name)
     return export(path, out, step=step, dtype=dtype, max_shard_size=max_shard_size, lora_format=lora_format)
 

@@ -1,7 +1,7 @@
 """`rljax train CONFIG [key.sub=value ...]`: run or resume a training run.
 
-`trainer.algorithm` picks the kind of run (`rljax.runs.run_kind`, the rule `rljax export`
-and `rljax eval` share): `sft`, `rm` and `dpo` run the supervised loop
+`trainer.algorithm` picks the kind of run (`rljax.commands.run_kinds.run_kind`, the rule
+`rljax export` and `rljax eval` share): `sft`, `rm` and `dpo` run the supervised loop
 (`rljax.train.loop`, config `RunConfig`); the RL algorithms (`grpo`, `ppo`, `dapo`, ...,
 `rljax.rl.config.RL_ALGORITHMS`) run the RL loop (`rljax.rl.trainer`, config `RLConfig`,
 where `algorithm.adv_estimator` and `actor.policy_loss.loss_mode` choose the method); any
@@ -28,12 +28,12 @@ def add_arguments(parser) -> None:
 
 
 def kind_of(path: str, overrides: list[str]) -> str:
-    """The run kind (`rljax.runs.run_kind`) of the file at `path`, with `trainer.algorithm`
-    as the overrides set it."""
+    """The run kind (`rljax.commands.run_kinds.run_kind`) of the file at `path`, with
+    `trainer.algorithm` as the overrides set it."""
     import yaml
 
+    from rljax.commands.run_kinds import run_kind
     from rljax.config import ConfigError, read_yaml
-    from rljax.runs import run_kind
 
     raw = read_yaml(path)
     for item in overrides:
@@ -51,7 +51,7 @@ def kind_of(path: str, overrides: list[str]) -> str:
 def config_class(path: str, overrides: list[str]) -> type:
     """`RunConfig` or `RLConfig`, by the run kind (unset `trainer.algorithm`: `sft`, unless
     the file has RL sections); an unknown algorithm is a `ConfigError` listing the valid ones."""
-    from rljax.runs import RUN_CONFIGS
+    from rljax.commands.run_kinds import RUN_CONFIGS
 
     return RUN_CONFIGS[kind_of(path, overrides)]
 
@@ -59,8 +59,8 @@ def config_class(path: str, overrides: list[str]) -> type:
 def main(args) -> int:
     import importlib
 
+    from rljax.commands.run_kinds import RUN_CONFIGS
     from rljax.config import load_config, validate
-    from rljax.runs import RUN_CONFIGS
 
     kind = kind_of(args.config, args.overrides)
     cfg = load_config(RUN_CONFIGS[kind], args.config, args.overrides)  # every value checked: no device needed

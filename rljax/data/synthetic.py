@@ -39,8 +39,9 @@ DATA_SOURCES: dict[str, str] = {
 }
 
 
-def _evaluate(operands: list[int], ops: list[str]) -> int:
-    """Value of ``operands[0] ops[0] operands[1] ...`` with ``*`` before ``+``/``-``."""
+def integer_value(operands: list[int], ops: list[str]) -> int:
+    """Value of ``operands[0] ops[0] operands[1] ...`` with ``*`` before ``+``/``-``
+    (Python's precedence; equal precedence groups left to right)."""
     terms: list[int] = [operands[0]]
     signs: list[int] = [1]
     for op, x in zip(ops, operands[1:]):
@@ -68,7 +69,7 @@ def arithmetic_problem(
     for _ in range(1000):
         operands = [rng.randint(0, 10**digits - 1) for _ in range(num_operands)]
         ops = [rng.choice(operators) for _ in range(num_operands - 1)]
-        value = _evaluate(operands, ops)
+        value = integer_value(operands, ops)
         if allow_negative or value >= 0:
             break
     question = "".join(f"{a}{op}" for a, op in zip(operands, ops)) + f"{operands[-1]}="

@@ -3,6 +3,9 @@
 Task ``"tool_arithmetic"``: multiply (by default) two numbers of `min_digits`..`max_digits`
 digits, ``"347*82="`` -> ``"28454"``. A tiny model cannot do this in its head; it can learn
 to call the ``calculator`` tool (`rljax.agent.tools.CalculatorTool`) and copy the result.
+The data is plain rows: the answer is the expression's integer value
+(`rljax.data.synthetic.integer_value`, what the calculator returns for it), so this module
+imports nothing from `rljax.agent`, which sits above data.
 
 Row formats (what `rljax.data.make_dataset` reads; every row carries the ``tools`` column
 (unless ``tools=false``),
@@ -39,7 +42,7 @@ import copy
 import random
 from typing import Any
 
-from rljax.agent.tools.calculator import evaluate, format_number
+from rljax.data.synthetic import integer_value
 
 TASKS: tuple[str, ...] = ("tool_arithmetic",)
 DATA_SOURCE = "synthetic/tool_arithmetic"
@@ -70,8 +73,8 @@ def tool_problem(
 ) -> tuple[str, str, str]:
     """One problem: (question ``"347*82="``, expression ``"347*82"``, answer ``"28454"``).
 
-    The answer is what the calculator tool returns for the expression (negative results
-    are redrawn).
+    The answer is the expression's integer value, what the calculator tool returns for it
+    (negative results are redrawn).
     """
     if not 1 <= min_digits <= max_digits or num_operands < 2 or not operators or set(operators) - set("+-*"):
         raise ValueError(
@@ -85,10 +88,10 @@ def tool_problem(
             operands.append(rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1))
         ops = [rng.choice(operators) for _ in range(num_operands - 1)]
         expression = "".join(f"{a}{op}" for a, op in zip(operands, ops)) + str(operands[-1])
-        value = evaluate(expression)
+        value = integer_value(operands, ops)
         if value >= 0:
             break
-    return expression + "=", expression, format_number(value)
+    return expression + "=", expression, str(value)
 
 
 def tool_call_message(expression: str, content: str = "") -> dict[str, Any]:

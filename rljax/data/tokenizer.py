@@ -20,6 +20,9 @@ schemas) are listed as JSON in a leading system turn; an assistant's `tool_calls
 rendered as `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>` lines;
 `add_generation_prompt=True` appends `<|im_start|>assistant\\n`. Each message renders
 independently of the ones after it, so the template is prefix-stable (see `chat.py`).
+
+`load_tokenizer(section)` is the tokenizer a run's `model:` section names (this one, or a
+saved folder through `load_hf_tokenizer`).
 """
 
 from __future__ import annotations
@@ -100,6 +103,17 @@ def _missing_files_error(path: str, files: list[str]) -> FileNotFoundError:
         f"{path}: no tokenizer files (tokenizer.json, or vocab.json + merges.txt, or tokenizer.model); "
         f"the folder holds {held}"
     )
+
+
+def load_tokenizer(section):
+    """The tokenizer a `model:` section names: `section.tokenizer`, else `section.path`;
+    "char" is `build_char_tokenizer()`, anything else a folder (`load_hf_tokenizer`)."""
+    source = section.tokenizer or section.path
+    if source == "char":
+        return build_char_tokenizer()
+    if not source:
+        raise ValueError("model.tokenizer: no tokenizer; set model.tokenizer (a folder or 'char') or model.path")
+    return load_hf_tokenizer(source)
 
 
 def load_hf_tokenizer(path: str):

@@ -16,8 +16,8 @@ from rljax.checkpoint import Checkpointer, resolve_checkpoint, restore_params
 from rljax.config import from_dict
 from rljax.train.export import save_trained
 from rljax.parallel import make_mesh, state_shardings
-from rljax.rl.config import RLConfig
-from rljax.runs import run_kind, saved_config
+from rljax.rl.config import RL_ALGORITHMS, RLConfig
+from rljax.runs import raw_algorithm, saved_config
 from rljax.models.lora import split_trainable
 from rljax.train.setup import build_decoder, load_tokenizer
 
@@ -27,7 +27,7 @@ def load_policy(cfg: RLConfig, checkpoint: str, mesh, step: int | None = None):
     one step directory; `step` (else the one named, else the latest)."""
     directory, named_step = resolve_checkpoint(checkpoint)
     run_dir = os.path.dirname(directory)
-    if run_kind(saved_config(run_dir), os.path.join(run_dir, "config.yaml")) != "rl":
+    if raw_algorithm(saved_config(run_dir)) not in RL_ALGORITHMS:
         raise ValueError(f"{checkpoint}: a supervised run's checkpoint, with no RL policy in it; export it "
                          "(rljax export) and set model.path to the export instead")
     step = step if step is not None else named_step

@@ -11,7 +11,7 @@ init), and the export is either the merged full model (default) or, with
 `lora_format="peft"`, a PEFT adapter folder (`rljax.models.lora_peft`).
 
 An RL run exports its policy through `rljax.rl.policy_checkpoint.export_policy`; `rljax
-export` picks the exporter by the run's kind (`rljax.runs.run_kind`).
+export` picks the exporter by the run's kind (`rljax.commands.run_kinds.run_kind`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from rljax.models import save_hf
 from rljax.models.lora import merge_into_base, split_trainable
 from rljax.models.lora_peft import save_peft_adapters
 from rljax.parallel import make_mesh, state_shardings
-from rljax.runs import run_kind, saved_config
+from rljax.runs import raw_algorithm, saved_config
 from rljax.train.optim import make_optimizer
-from rljax.train.run_config import RunConfig
+from rljax.train.run_config import SUPERVISED_ALGORITHMS, RunConfig
 from rljax.train.setup import build_decoder, load_tokenizer
 from rljax.train.steps import init_train_state
 from rljax.train.tasks import make_task
@@ -39,9 +39,10 @@ from rljax.train.tasks import make_task
 def load_run_config(run_dir: str) -> RunConfig:
     """The `RunConfig` a supervised run saved in its folder."""
     raw = saved_config(run_dir)
-    if run_kind(raw, os.path.join(run_dir, "config.yaml")) != "supervised":
-        raise ValueError(f"{run_dir}: an RL run; its policy is exported by rljax.rl.policy_checkpoint.export_policy "
-                         "(`rljax export` picks it)")
+    algorithm = raw_algorithm(raw)
+    if algorithm is not None and algorithm not in SUPERVISED_ALGORITHMS:
+        raise ValueError(f"{run_dir}: trainer.algorithm={algorithm}, not a supervised run; an RL run's policy is "
+                         "exported by rljax.rl.policy_checkpoint.export_policy (`rljax export` picks it)")
     return from_dict(RunConfig, raw)
 
 

@@ -13,6 +13,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
+from rljax.data.tokenizer import load_tokenizer  # noqa: F401  (re-exported: callers build the model beside it)
 from rljax.models import DTypePolicy, ModelConfig, init_model, read_config
 from rljax.models.hf import load_hf_sharded
 from rljax.models.lora import add_adapters, split_trainable
@@ -43,19 +44,6 @@ def peak_flops(configured: float = 0.0) -> float:
         if name.lower() in kind.lower():
             return flops
     return 0.0
-
-
-def load_tokenizer(section: ModelSection):
-    source = section.tokenizer or section.path
-    if source == "char":
-        from rljax.data.tokenizer import build_char_tokenizer
-
-        return build_char_tokenizer()
-    if not source:
-        raise ValueError("model.tokenizer: no tokenizer; set model.tokenizer (a folder or 'char') or model.path")
-    from rljax.data.tokenizer import load_hf_tokenizer
-
-    return load_hf_tokenizer(source)
 
 
 def model_config_from_section(section: ModelSection, tokenizer) -> ModelConfig:

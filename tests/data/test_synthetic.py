@@ -1,4 +1,4 @@
-"""Synthetic arithmetic and string tasks in the three row formats."""
+"""Synthetic arithmetic, string and tool-use tasks in their row formats."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from rljax.data import DataConfig, make_dataset
-from rljax.data import synthetic
+from rljax.data import synthetic, synthetic_tools
 from rljax.data.sources import open_source
 
 
@@ -21,6 +21,24 @@ def test_arithmetic_answers_are_right():
         assert int(a) >= 0
     q, a, _ = synthetic.arithmetic_problem(random.Random(1), digits=1, operators="+")
     assert len(q) == 4 and q[1] == "+"
+
+
+def test_integer_value_follows_python_precedence():
+    assert synthetic.integer_value([2, 3, 4, 5], ["+", "*", "-"]) == 9  # 2 + 12 - 5
+    assert synthetic.integer_value([10, 3, 2], ["-", "-"]) == 5  # left to right, not 10 - (3 - 2)
+    assert synthetic.integer_value([7, 6, 5], ["*", "*"]) == 210
+
+
+def test_tool_arithmetic_answers_are_what_the_calculator_tool_returns():
+    from rljax.agent.tools.calculator import evaluate, format_number  # the tool the agent calls
+
+    rng = random.Random(0)
+    for _ in range(300):
+        question, expression, answer = synthetic_tools.tool_problem(
+            rng, min_digits=1, max_digits=3, operators="+-*", num_operands=4)
+        assert question == expression + "="
+        assert answer == format_number(evaluate(expression)) == str(eval(expression))  # noqa: S307 - our own digits
+        assert int(answer) >= 0
 
 
 def test_string_answers_are_right():

@@ -1,6 +1,7 @@
-"""The run scaffold (`rljax.runs`): the run-kind rule every command uses, the folder a run
-writes before any training, resume / save / close, and the decoder's one log-prob entry
-point (`Decoder.token_log_probs`) against the pure chunked math it calls."""
+"""The run scaffold (`rljax.runs`): the run-kind rule every command uses
+(`rljax.commands.run_kinds`) and the loaders' refusal of a run of the other kind, the
+folder a run writes before any training, resume / save / close, and the decoder's one
+log-prob entry point (`Decoder.token_log_probs`) against the pure chunked math it calls."""
 
 import os
 
@@ -14,7 +15,8 @@ from rljax.algos.log_probs import log_probs_from_hidden, token_log_probs
 from rljax.checkpoint import abstract_like
 from rljax.config import ConfigError, load_config
 from rljax.models import ModelConfig, init_model
-from rljax.runs import RUN_CONFIGS, Run, run_kind, saved_config
+from rljax.commands.run_kinds import RUN_CONFIGS, checkpoint_kind, run_kind
+from rljax.runs import Run, saved_config
 from rljax.train.run_config import RunConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,6 +42,25 @@ def test_run_kind_refuses_an_unset_algorithm_with_rl_sections_and_unknown_names(
         run_kind({"rollout": {"n": 4}, "actor": {}, "model": {}}, "x.yaml")
     with pytest.raises(ConfigError, match=r"unknown 'grpoo'; did you mean 'grpo'"):
         run_kind({"trainer": {"algorithm": "grpoo"}})
+
+
+@pytest.mark.parametrize("algorithm,kind", [("grpo", "rl"), ("dpo", "supervised")])
+def test_each_checkpoint_loader_refuses_a_run_of_the_other_kind(tmp_path, algorithm, kind):
+    from rljax.rl.config import RLConfig
+    from rljax.rl.policy_checkpoint import load_policy
+    from rljax.train.export import load_run_config
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"trainer": {"algorithm": algorithm}}))
+    assert checkpoint_kind(str(run_dir)) == kind
+    if kind == "rl":
+        with pytest.raises(ValueError, match=r"trainer\.algorithm=grpo, not a supervised run; an RL run's policy is "
+                                             r"exported by rljax\.rl\.policy_checkpoint\.export_policy"):
+            load_run_config(str(run_dir))
+    else:
+        with pytest.raises(ValueError, match=r"a supervised run's checkpoint, with no RL policy in it"):
+            load_policy(RLConfig(), str(run_dir), mesh=None)
 
 
 def _tiny_cfg(tmp_path, *overrides):
