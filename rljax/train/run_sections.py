@@ -148,5 +148,6 @@ def data_parallel_size(mesh: MeshConfig, num_devices: int) -> int:
 
 
 def batch_size_key(data: DataConfig) -> str:
-    """The key the user set the batch size with (verl's `train_batch_size` or `batch_size`)."""
-    return "data.train_batch_size" if data.train_batch_size is not None else "data.batch_size"
+    """The batch size's key in messages: `data.batch_size` (verl's `data.train_batch_size`
+    is its alias, resolved when the config is loaded)."""
+    return "data.batch_size"

@@ -270,11 +270,11 @@ def test_val_split_pads_and_covers(files, char_tok):
 
 
 def test_config_validation(files, char_tok):
-    with pytest.raises(ValueError, match="packing is only supported"):
+    with pytest.raises(ValueError, match=r"^data\.packing: only supported for format 'sft'"):
         make(files["rl"], char_tok, "rl", packing=True)
-    with pytest.raises(ValueError, match="truncation must be one of"):
+    with pytest.raises(ValueError, match=r"^data\.truncation: expected one of"):
         make(files["sft"], char_tok, truncation="middle")
-    with pytest.raises(ValueError, match="format must be one of"):
+    with pytest.raises(ValueError, match=r"^data\.format: expected one of"):
         make(files["sft"], char_tok, "dpo")
     with pytest.raises(ValueError, match="val_files is empty"):
         make_dataset(DataConfig(train_files=[files["sft"]]), char_tok, split="val",
