@@ -50,7 +50,7 @@ class DataConfig:
 
     train_files: list[str] = field(default_factory=list)  # .jsonl / .json / .parquet paths or globs
     val_files: list[str] = field(default_factory=list)  # the same, for validation; empty: none
-    format: DataFormat = "sft"  # the row layout (see above); set by the run kind (rm / dpo: preference)
+    format: DataFormat = "sft"  # the row layout (see DataConfig); set by the run kind (rm / dpo: preference)
     max_length: PositiveInt = 512  # tokens of a whole row (prompt + response), the largest bucket (verl: sft max_length)
     max_prompt_length: PositiveInt = 256  # tokens of the prompt (rl, preference)
     truncation: Truncation = "error"  # an over-long row: error | left (keep the end) | right (keep the start)
@@ -59,7 +59,7 @@ class DataConfig:
     packing: bool = False  # pack several sft rows into one (segment ids keep them apart)
     shuffle: bool = True  # shuffle the train split, a new permutation each epoch
     seed: Annotated[int, Bounds(ge=0, lt=2**32)] = 0  # seed of the shuffle
-    # rows per step, global (RL: prompts, x rollout.n responses); verl: train_batch_size
+    # rows per step, global (RL: prompts, x rollout.n responses)
     batch_size: PositiveInt = field(default=8, metadata=alias("train_batch_size"))
     val_batch_size: PositiveInt | None = None  # rows per validation batch; null: batch_size
     num_epochs: PositiveInt | None = None  # passes over the train split; null: forever

@@ -26,7 +26,7 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)  # Adam's (beta1, beta2), each in [0, 1)
     eps: PositiveFloat = 1e-8  # Adam's epsilon
     grad_clip: float = 1.0  # max global gradient norm; <= 0: no clipping
-    lr_scheduler_type: str = "constant"  # constant | cosine | wsd (see the module docstring)
+    lr_scheduler_type: str = "constant"  # constant | cosine | wsd (rljax.train.optim)
     warmup_steps: NonNegInt = 0  # steps of linear warmup from 0 to lr; 0: warmup_steps_ratio's
     warmup_steps_ratio: UnitFloat = 0.0  # warmup as a fraction of the total steps (when warmup_steps is 0)
     min_lr_ratio: UnitFloat = 0.0  # cosine / wsd: the final learning rate, as a fraction of lr
