@@ -279,34 +279,3 @@ def test_actor_loss_config_carries_the_policy_loss_knobs():
     assert cfg.actor.loss_config == PolicyLossConfig(clip_ratio_high=0.28, loss_scale_factor=512.0, clip_cov_ub=4.0,
                                                      ppo_kl_coef=0.5)
     assert RLConfig().actor.loss_config == PolicyLossConfig()
-
-
-def test_every_field_of_the_run_configs_is_commented():
-    """Each field of the RL and supervised run configs and their sections has a comment
-    (on its line or the line above): what it is, its unit, its verl name where different."""
-    import dataclasses
-    import inspect
-    import typing
-
-    from rljax.agent import AgentConfig
-
-    missing, seen = [], set()
-
-    def walk(cls):
-        if cls in seen:
-            return
-        seen.add(cls)
-        lines = inspect.getsource(cls).splitlines()
-        for f in dataclasses.fields(cls):
-            at = next(i for i, line in enumerate(lines) if line.strip().startswith(f"{f.name}:"))
-            if "#" not in lines[at] and not lines[at - 1].strip().startswith("#"):
-                missing.append(f"{cls.__name__}.{f.name}")
-        for tp in typing.get_type_hints(cls).values():
-            for option in (tp, *typing.get_args(tp)):
-                if dataclasses.is_dataclass(option) and option.__module__.startswith(("rljax.rl", "rljax.train.run",
-                                                                                    "rljax.data", "rljax.agent")):
-                    walk(option)
-
-    for cls in (RLConfig, RunConfig, AgentConfig):
-        walk(cls)
-    assert not missing, missing
