@@ -9,7 +9,8 @@ value. `config_to_dict` gives back plain YAML-able data (saved with every run).
 Values are checked at load time too (`check_config`, run by `load_config`):
 
 - a numeric field annotated with `Bounds` (`lr: NonNegFloat`, `rollout.n: PositiveInt`, ...)
-  must lie in its range, and every float field must be finite;
+  must lie in its range, every float field must be finite, and a `Literal` field must
+  hold one of its words (checked again here for a config built in code);
 - a section may define `check(self)`, raising `FieldError(field, message)` (the walker adds
   the section's dotted path) or a `ConfigError` whose message already names the full key,
   for what one field's type cannot say: registry names, sizes that must divide, fields
@@ -23,8 +24,8 @@ A YAML section that sets only some of its keys keeps the defaults of the field i
 (RLConfig's `trainer.algorithm` is `grpo`, not TrainerConfig's `sft`). An optional section
 (`agent: AgentConfig | None`) is null by default and built when the YAML sets it.
 `load_section(cls, data, key)` builds and checks one section on its own (the agent's
-config given as a mapping). A section that code builds as well as YAML (the sampler's)
-runs `check_config(self)` in its `__post_init__`: a bad value fails at construction too,
+config given as a mapping). A section that code builds as well as YAML (the sampler's,
+the agent's) runs `check_config(self)` in its `__post_init__`: a bad value fails at construction too,
 and `from_dict` adds the section's dotted path to the message.
 
 An alias is a second name of a field, declared in the field's metadata
