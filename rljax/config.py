@@ -24,9 +24,9 @@ A YAML section that sets only some of its keys keeps the defaults of the field i
 (RLConfig's `trainer.algorithm` is `grpo`, not TrainerConfig's `sft`). An optional section
 (`agent: AgentConfig | None`) is null by default and built when the YAML sets it.
 `load_section(cls, data, key)` builds and checks one section on its own (the agent's
-config given as a mapping). A section that code builds as well as YAML (the sampler's,
-the agent's) runs `check_config(self)` in its `__post_init__`: a bad value fails at construction too,
-and `from_dict` adds the section's dotted path to the message.
+config given as a mapping). A section that code builds for itself (the sampler's, the
+agent's) runs `check_config(self)` in its `__post_init__`: a bad value fails at
+construction too, and `from_dict` adds the section's dotted path to the message.
 
 An alias is a second name of a field, declared in the field's metadata
 (`field(default=8, metadata=alias("train_batch_size"))`) and resolved by `from_dict`:

@@ -14,6 +14,7 @@ source (`rljax.config.field_comments`), so the code is the one place a key is de
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import typing
@@ -31,8 +32,11 @@ def add_arguments(parser) -> None:
                           description="Print the resolved config as YAML, each key with its comment.")
     show.add_argument("config", help="YAML config file (see configs/)")
     show.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=1e-5 trainer.total_steps=50")
-    sub.add_parser("docs", help="print the config reference (docs/config.md) in Markdown",
-                   description="Print the config reference (docs/config.md) in Markdown.")
+    docs = sub.add_parser("docs", help="print the config reference (docs/config.md) in Markdown",
+                          description="Print the config reference (docs/config.md) in Markdown.")
+    for p in (show, docs):  # `rljax config show ... --debug` as well as `rljax config --debug show ...`
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the full traceback of an error")
 
 
 def main(args) -> int:
