@@ -125,3 +125,17 @@ def test_config_show_reports_a_bad_override(capsys):
     path = os.path.join(REPO, "configs", "quickstart.yaml")
     assert cli_main(["config", "show", path, "rollout.n=0"]) == 2
     assert capsys.readouterr().err.startswith("rljax: error: rollout.n: must be >= 1, got 0\n")
+
+
+def test_sections_are_frozen():
+    from rljax.agent.config import AgentConfig, EnvironmentConfig
+    from rljax.data.config import DataConfig
+    from rljax.parallel import MeshConfig
+    from rljax.rollout.config import KVCacheConfig
+    from rljax.train.objectives import DPOConfig, RMConfig
+    from rljax.train.optim import OptimConfig
+    from rljax.train.run_sections import ModelSection, TrainerConfig
+
+    for cls in (RunConfig, ModelSection, TrainerConfig, DataConfig, OptimConfig, MeshConfig, DPOConfig, RMConfig,
+                AgentConfig, EnvironmentConfig, SamplerConfig, KVCacheConfig):
+        assert cls.__dataclass_params__.frozen, cls.__name__
