@@ -146,7 +146,7 @@ def check_registry(key: str, name: str, registry) -> None:
         raise ConfigError(f"{key}: {problem}")
 
 
-def _section_type(tp: Any) -> Any:
+def section_type(tp: Any) -> Any:
     """The dataclass a field holds (`X` or `X | None`), else None."""
     if get_origin(tp) in (Union, types.UnionType):
         options = [option for option in get_args(tp) if option is not type(None)]
@@ -385,7 +385,7 @@ def _set_dotted(tree: dict, dotted: str, value: Any, cls) -> None:
         if not isinstance(sub, dict):
             sub = {}
             node[part] = sub
-        node, schema = sub, _section_type(typing.get_type_hints(schema)[part])
+        node, schema = sub, section_type(typing.get_type_hints(schema)[part])
 
 
 def apply_overrides(raw: dict, overrides: list[str], cls) -> dict:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import types
 import typing
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -65,10 +66,9 @@ def _comment(f: dataclasses.Field, comments: dict[str, str]) -> str:
 
 def _section_class(tp: Any) -> type | None:
     """The dataclass a field holds (`X` or `X | None`), else None."""
-    if get_origin(tp) in (Union, typing.Union) or type(tp).__name__ == "UnionType":
-        options = [option for option in get_args(tp) if option is not type(None)]
-        tp = options[0] if len(options) == 1 else None
-    return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
+    from rljax.config import section_type
+
+    return section_type(tp)
 
 
 def _value(cfg: Any, f: dataclasses.Field) -> Any:
@@ -158,7 +158,7 @@ def type_text(tp: Any) -> str:
         bounds = next((e for e in extras if isinstance(e, Bounds)), None)
         text = type_text(base)
         return f"{text} {_bounds_text(bounds)}" if bounds is not None else text
-    if origin in (Union, typing.Union) or type(tp).__name__ == "UnionType":
+    if origin in (Union, types.UnionType):
         return " | ".join("null" if a is type(None) else type_text(a) for a in get_args(tp))
     if origin is Literal:
         return " | ".join(str(a) for a in get_args(tp))
