@@ -281,6 +281,16 @@ def test_config_validation(files, char_tok):
                      process_index=0, process_count=1)
 
 
+def test_truncation_words_are_the_policies():
+    """`data.truncation`'s Literal lists exactly the policies `rljax.data.truncation` applies."""
+    from typing import get_args
+
+    from rljax.data.config import Truncation
+    from rljax.data.truncation import TRUNCATION_POLICIES
+
+    assert get_args(Truncation) == TRUNCATION_POLICIES
+
+
 def test_default_process_layout_is_jax(files, char_tok):
     it = make_dataset(DataConfig(train_files=files["sft"], batch_size=2), char_tok)  # a str is one path
     assert (it.process_index, it.process_count, it.batch_rows) == (0, 1, 2)
