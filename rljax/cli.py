@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "plan": "plan",
     "compile": "compile",
     "plot": "plot",
+    "config": "config",
 }
 
 DEBUG_ENV = "RLJAX_DEBUG"

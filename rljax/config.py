@@ -9,7 +9,8 @@ value. `config_to_dict` gives back plain YAML-able data (saved with every run).
 Values are checked at load time too (`check_config`, run by `load_config`):
 
 - a numeric field annotated with `Bounds` (`lr: NonNegFloat`, `rollout.n: PositiveInt`, ...)
-  must lie in its range, and every float field must be finite;
+  must lie in its range, every float field must be finite, and a `Literal` field must
+  hold one of its words (checked again here for a config built in code);
 - a section may define `check(self)`, raising `FieldError(field, message)` (the walker adds
   the section's dotted path) or a `ConfigError` whose message already names the full key,
   for what one field's type cannot say: registry names, sizes that must divide, fields
@@ -21,10 +22,20 @@ size, the checkpoint to resume from). Trainers call it first, before building an
 
 A YAML section that sets only some of its keys keeps the defaults of the field it fills
 (RLConfig's `trainer.algorithm` is `grpo`, not TrainerConfig's `sft`). An optional section
-(`agent: AgentConfig | None`) is null by default and built when the YAML sets it. A
-section class with a `from_dict(data, key)` classmethod builds itself (the agent's config,
-which `rljax.agent` also loads on its own); its `ValueError` / `TypeError` becomes a
-`ConfigError`.
+(`agent: AgentConfig | None`) is null by default and built when the YAML sets it.
+`load_section(cls, data, key)` builds and checks one section on its own (the agent's
+config given as a mapping). A section that code builds for itself (the sampler's, the
+agent's) runs `check_config(self)` in its `__post_init__`: a bad value fails at
+construction too, and `from_dict` adds the section's dotted path to the message.
+
+An alias is a second name of a field, declared in the field's metadata
+(`field(default=8, metadata=alias("train_batch_size"))`) and resolved by `from_dict`:
+the config holds, and saves, the field's own name only. The same value under both names
+is accepted; two different values are a `ConfigError` naming both keys. An override
+(`apply_overrides`) under either name replaces the value the file gave under either name.
+
+Every field carries a comment, on its line or on the comment lines right above it;
+`field_comments(cls)` reads them from the source (`rljax config show`, `docs/config.md`).
 
 A closed set of words is a `Literal` field (`reward.mode: Literal["process", "inline"]`):
 a typo is "key: expected one of [...], got ..." at load. A set that code can extend (a
@@ -34,9 +45,14 @@ registry of losses, estimators) is a `str` checked in the section's `check` with
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
+import inspect
+import io
 import math
+import textwrap
+import tokenize
 import types
 import typing
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -73,8 +89,15 @@ class Bounds:
         for bound, holds, text in ((self.ge, lambda b: value >= b, ">="), (self.gt, lambda b: value > b, ">"),
                                    (self.le, lambda b: value <= b, "<="), (self.lt, lambda b: value < b, "<")):
             if bound is not None and not holds(bound):
-                return f"must be {text} {bound:g}"
+                return f"must be {text} {number_text(bound)}"
         return None
+
+
+def number_text(value: float) -> str:
+    """A number as a message shows it: a whole number in full (4294967296), others by `:g`."""
+    if isinstance(value, int) or (math.isfinite(value) and float(value).is_integer() and abs(value) < 1e16):
+        return str(int(value))
+    return f"{value:g}"
 
 
 PositiveInt = Annotated[int, Bounds(ge=1)]
@@ -83,6 +106,20 @@ PositiveFloat = Annotated[float, Bounds(gt=0)]
 NonNegFloat = Annotated[float, Bounds(ge=0)]
 UnitFloat = Annotated[float, Bounds(ge=0, le=1)]  # a fraction or probability in [0, 1]
 OpenUnitFloat = Annotated[float, Bounds(gt=0, le=1)]  # (0, 1]
+
+
+ALIAS = "alias"  # the field-metadata key naming a field's second name
+
+
+def alias(name: str) -> dict[str, str]:
+    """Field metadata giving the field a second name that YAML and overrides may use
+    (`field(default=8, metadata=alias("train_batch_size"))`); see the module docstring."""
+    return {ALIAS: name}
+
+
+def aliases(cls) -> dict[str, str]:
+    """alias -> field name, for the fields of dataclass `cls` that have one."""
+    return {f.metadata[ALIAS]: f.name for f in dataclasses.fields(cls) if ALIAS in f.metadata}
 
 
 def _suggest(key: str, valid: list[str]) -> str:
@@ -109,7 +146,7 @@ def check_registry(key: str, name: str, registry) -> None:
         raise ConfigError(f"{key}: {problem}")
 
 
-def _section_type(tp: Any) -> Any:
+def section_type(tp: Any) -> Any:
     """The dataclass a field holds (`X` or `X | None`), else None."""
     if get_origin(tp) in (Union, types.UnionType):
         options = [option for option in get_args(tp) if option is not type(None)]
@@ -160,12 +197,6 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping (section {tp.__name__}), got {value!r}")
-        build = getattr(tp, "from_dict", None)
-        if callable(build):  # a section that loads itself (see the module docstring)
-            try:
-                return build(value, key)
-            except (ValueError, TypeError) as e:
-                raise ConfigError(str(e)) from None
         return from_dict(tp, value, prefix=key)
     if tp is bool:
         if isinstance(value, bool):
@@ -201,12 +232,37 @@ def _field_default(f: dataclasses.Field) -> Any:
     return None
 
 
+def _resolve_aliases(cls, data: dict, prefix: str) -> dict:
+    """`data` with every alias key renamed to its field's name; both names with different
+    values is a `ConfigError` naming both (a null under one name yields to the other)."""
+    names = aliases(cls)
+    if not names or not isinstance(data, dict) or not names.keys() & data.keys():
+        return data
+    out = dict(data)
+    for other, name in names.items():
+        if other not in out:
+            continue
+        value = out.pop(other)
+        if name in out and out[name] != value and value is not None and out[name] is not None:
+            key = f"{prefix}.{name}" if prefix else name
+            other_key = f"{prefix}.{other}" if prefix else other
+            raise ConfigError(f"{key}={out[name]!r} and {other_key}={value!r}: two names of one setting with "
+                              f"different values; set one")
+        if out.get(name) is None:
+            out[name] = value
+    return out
+
+
 def from_dict(cls, data: dict, prefix: str = "", base: Any = None):
-    """Build dataclass `cls` from nested dicts, rejecting unknown keys. Keys absent from
-    `data` take their value from `base` (an instance of `cls`) when given; a nested
-    section starts from its field's default (`RLConfig.trainer` is `TrainerConfig(algorithm="grpo")`)."""
+    """Build dataclass `cls` from nested dicts, rejecting unknown keys and resolving aliases.
+    Keys absent from `data` take their value from `base` (an instance of `cls`) when given;
+    a nested section starts from its field's default (`RLConfig.trainer` is
+    `TrainerConfig(algorithm="grpo")`)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or cls.__name__}: expected a mapping (section {cls.__name__}), got {data!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    data = _resolve_aliases(cls, data, prefix)
     kwargs = {}
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else key
@@ -223,12 +279,22 @@ def from_dict(cls, data: dict, prefix: str = "", base: Any = None):
             kwargs.setdefault(name, getattr(base, name))
     try:
         return cls(**kwargs)
+    except FieldError as e:  # a section that checks itself at construction
+        raise FieldError(f"{prefix}.{e.key}" if prefix else e.key, e.message) from None
     except TypeError as e:  # a required field without a value
         raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
 
 
+def load_section(cls, data: dict | None, key: str):
+    """One section built from its mapping (`from_dict`) and checked (`check_config`), with
+    errors naming `key` (its dotted path in the run config, e.g. "agent")."""
+    cfg = from_dict(cls, data or {}, prefix=key)
+    check_config(cfg, key)
+    return cfg
+
+
 def _check_value(value: Any, tp: Any, key: str) -> None:
-    """Bounds (from `Annotated`) and finiteness of one field's value."""
+    """Bounds (from `Annotated`), Literal membership and finiteness of one field's value."""
     bounds = None
     if get_origin(tp) is Annotated:
         tp, *extras = get_args(tp)
@@ -236,23 +302,29 @@ def _check_value(value: Any, tp: Any, key: str) -> None:
     if get_origin(tp) in (Union, types.UnionType):
         if value is None:
             return
-        for option in get_args(tp):
-            if option is not type(None):
+        options = [option for option in get_args(tp) if option is not type(None)]
+        for option in options:  # a Literal of a union with other types is checked at load only
+            if len(options) == 1 or get_origin(option) is not Literal:
                 _check_value(value, option, key)
+        return
+    if get_origin(tp) is Literal:
+        if value not in get_args(tp):
+            raise FieldError(key, f"expected one of {list(get_args(tp))}, got {value!r}")
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{key}: must be a finite number, got {value}")
+        raise FieldError(key, f"must be a finite number, got {value}")
     if bounds is not None:
         problem = bounds.violation(value)
         if problem:
-            raise ConfigError(f"{key}: {problem}, got {value:g}")
+            raise FieldError(key, f"{problem}, got {number_text(value)}")
 
 
 def check_config(cfg: Any, prefix: str = "") -> None:
     """Check every field of the config tree `cfg` (see the module docstring); the first
-    problem is a `ConfigError` naming its full dotted key."""
+    problem is a `ConfigError` naming its full dotted key (a `FieldError` when the problem
+    is one field's)."""
     hints = typing.get_type_hints(type(cfg), include_extras=True)
     for f in dataclasses.fields(cfg):
         key = f"{prefix}.{f.name}" if prefix else f.name
@@ -266,7 +338,9 @@ def check_config(cfg: Any, prefix: str = "") -> None:
         try:
             check()
         except FieldError as e:
-            raise ConfigError(f"{prefix}.{e}" if prefix else str(e)) from None
+            if prefix:
+                raise FieldError(f"{prefix}.{e.key}", e.message) from None
+            raise
 
 
 def validate(cfg: Any, num_devices: int | None = None) -> None:
@@ -298,6 +372,10 @@ def _set_dotted(tree: dict, dotted: str, value: Any, cls) -> None:
                 node = node.setdefault(part, {})
             continue
         names = {f.name: f for f in dataclasses.fields(schema)}
+        second_names = aliases(schema)
+        part = second_names.get(part, part)  # an alias sets its field, whichever name the file used
+        for other in [other for other, name in second_names.items() if name == part]:
+            node.pop(other, None)
         if part not in names:
             raise ConfigError(f"unknown config key {here!r}{_suggest(part, list(names))}")
         if i == len(parts) - 1:
@@ -307,7 +385,7 @@ def _set_dotted(tree: dict, dotted: str, value: Any, cls) -> None:
         if not isinstance(sub, dict):
             sub = {}
             node[part] = sub
-        node, schema = sub, _section_type(typing.get_type_hints(schema)[part])
+        node, schema = sub, section_type(typing.get_type_hints(schema)[part])
 
 
 def apply_overrides(raw: dict, overrides: list[str], cls) -> dict:
@@ -345,6 +423,48 @@ def load_config(cls, path: str | None = None, overrides: list[str] | None = None
     cfg = from_dict(cls, raw)
     check_config(cfg)
     return cfg
+
+
+_NOT_CODE = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+
+
+def _own_field_comments(cls) -> dict[str, str]:
+    """field name -> comment, for the fields `cls` itself declares (its source read with
+    `ast` for where each field is and `tokenize` for the comments)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # no source (a class made at run time)
+        return {}
+    comments: dict[int, str] = {}  # line -> comment text
+    code_lines: set[int] = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = token.string.lstrip("#").strip()
+        elif token.type not in _NOT_CODE:
+            code_lines.update(range(token.start[0], token.end[0] + 1))
+    out = {}
+    for node in ast.parse(source).body[0].body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        text = [comments[line] for line in range(node.lineno, node.end_lineno + 1) if line in comments]
+        if not text:  # the comment lines right above
+            line = node.lineno - 1
+            while line in comments and line not in code_lines:
+                text.insert(0, comments[line])
+                line -= 1
+        out[node.target.id] = " ".join(text)
+    return out
+
+
+def field_comments(cls) -> dict[str, str]:
+    """field name -> its comment in the source of dataclass `cls` (or of the dataclass
+    that declares it): the comment on the field's line(s), else the comment lines right
+    above it; "" for a field without one."""
+    found: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            found.update(_own_field_comments(klass))
+    return {f.name: found.get(f.name, "") for f in dataclasses.fields(cls)}
 
 
 def save_config(cfg, path: str) -> None:

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Annotated, Any, Callable, Sequence
 
 import jax
 import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from rljax.config import Bounds, FieldError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -64,13 +66,25 @@ class ShardingError(ValueError):
     """A tensor or batch that does not divide over the mesh."""
 
 
-@dataclass
+MeshSize = Annotated[int, Bounds(ge=-1)]  # >= 1, or -1: the devices left over
+
+
+@dataclass(frozen=True)
 class MeshConfig:
     """Mesh shape; one of the three may be -1 (filled from the device count)."""
 
-    data: int = 1
-    fsdp: int = -1
-    tensor: int = 1
+    data: MeshSize = 1  # pure data-parallel ways (parameters replicated across them)
+    fsdp: MeshSize = -1  # data-parallel ways with parameters, gradients and optimizer state split (ZeRO-3)
+    tensor: MeshSize = 1  # ways heads, MLP columns and the vocabulary are split
+
+    def check(self) -> None:
+        """Run by `rljax.config.check_config`: each size >= 1 or -1, at most one -1."""
+        for name in ("data", "fsdp", "tensor"):
+            if getattr(self, name) == 0:
+                raise FieldError(name, "must be >= 1 or -1 (the devices left over), got 0")
+        filled = [name for name in ("data", "fsdp", "tensor") if getattr(self, name) == -1]
+        if len(filled) > 1:
+            raise FieldError(filled[1], f"-1 like {filled[0]}: at most one of data / fsdp / tensor may be -1")
 
     def shape(self, num_devices: int) -> tuple[int, int, int]:
         dims = [self.data, self.fsdp, self.tensor]

@@ -45,7 +45,7 @@ def run_cli(capsys, *argv):
     ([QUICKSTART, "actor.loss_agg_mode=mean"], r"^rljax: error: actor\.loss_agg_mode: unknown 'mean'"),
     ([QUICKSTART, "rollout.response_length=0"], r"^rljax: error: rollout\.response_length: must be >= 1"),
     ([QUICKSTART, "data.train_batch_size=20"],
-     r"^rljax: error: data\.train_batch_size=20 is not a multiple of actor\.ppo_mini_batch_size=32"),
+     r"^rljax: error: data\.batch_size=20 is not a multiple of actor\.ppo_mini_batch_size=32"),
     ([QUICKSTART, "trainer.algorithm=grpoo"], r"^rljax: error: trainer\.algorithm: unknown 'grpoo'; did you mean 'grpo'"),
     ([SFT, "trainer.algorithm=grpoo"], r"^rljax: error: trainer\.algorithm: unknown 'grpoo'; did you mean 'grpo'"),
     ([SFT, "optim.lr=-1"], r"^rljax: error: optim\.lr: must be >= 0, got -1"),

@@ -355,7 +355,7 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
     lora = section.lora.enabled
 
     dp = data_parallel_size(mesh)
-    batch = int(rl.get("mini_batch") or data_cfg.train_batch_size or data_cfg.batch_size)
+    batch = int(rl.get("mini_batch") or data_cfg.batch_size)
     per_device_micro = int(rl.get("micro_per_device") or 0)
     micro = micro_batch or per_device_micro * dp or int(trainer.get("micro_batch_size") or 0) or batch
     seq = seq_len or rl.get("seq_len") or data_cfg.max_length

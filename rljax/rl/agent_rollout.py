@@ -41,6 +41,7 @@ import numpy as np
 
 from rljax.agent import AgentConfig, AgentLoop, Episode, RolloutSamplerAdapter, collect_metrics
 from rljax.agent.tools.registry import load_tools
+from rljax.config import load_section
 from rljax.rl.batch import Sample
 from rljax.rl.reward_config import OverlongBufferConfig
 from rljax.rl.scoring import ScoredRollout, overlong_shaping
@@ -63,7 +64,7 @@ def resolve_tool_config_path(path: str) -> str:
 def agent_config(section: AgentConfig | Mapping[str, Any]) -> AgentConfig:
     """The RL config's `agent:` section (or a YAML mapping of it, `rljax.bench.agent`) with
     its tool config path resolved."""
-    cfg = section if isinstance(section, AgentConfig) else AgentConfig.from_dict(section)
+    cfg = section if isinstance(section, AgentConfig) else load_section(AgentConfig, section, "agent")
     if cfg.tool_config_path:
         cfg = dataclasses.replace(cfg, tool_config_path=resolve_tool_config_path(cfg.tool_config_path))
     return cfg

@@ -8,7 +8,9 @@ fixed set of programs: decode steps are `[batch_bucket, 1]`, prefill steps
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Annotated, Literal
+
+from rljax.config import Bounds, NonNegInt, OpenUnitFloat, PositiveInt, check_config
 
 
 def powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -25,20 +27,16 @@ def powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
 class KVCacheConfig:
     """The paged KV cache. Without `num_pages` the pool takes `memory_fraction` of the
     device's free memory when the backend reports it, else room for `max_num_seqs`
-    sequences of `max_model_len` tokens."""
+    sequences of `max_model_len` tokens. Checked at construction (`check_config`)."""
 
-    page_size: int = 16  # tokens per page
-    num_pages: int | None = None  # pages in the pool, page 0 included (a reserved null page); None: sized
-    memory_fraction: float = 0.5  # fraction of free device memory for the pool (num_pages None)
-    dtype: str | None = None  # dtype of the cached keys and values; None: the model's compute dtype
+    page_size: PositiveInt = 16  # tokens per page
+    # pages in the pool, page 0 included (a reserved null page, hence >= 2); null: sized by memory_fraction
+    num_pages: Annotated[int, Bounds(ge=2)] | None = None
+    memory_fraction: OpenUnitFloat = 0.5  # fraction of free device memory for the pool (num_pages null)
+    dtype: str | None = None  # dtype of the cached keys and values; null: the model's compute dtype
 
     def __post_init__(self):
-        if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
-        if self.num_pages is not None and self.num_pages < 2:
-            raise ValueError(f"num_pages must be >= 2 (page 0 is reserved), got {self.num_pages}")
-        if not 0.0 < self.memory_fraction <= 1.0:
-            raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
+        check_config(self)
 
 
 Attention = Literal["auto", "reference", "pallas", "pallas_tpu"]  # rljax.rollout.attention.DECODE_ATTENTION
@@ -46,7 +44,8 @@ Attention = Literal["auto", "reference", "pallas", "pallas_tpu"]  # rljax.rollou
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    """The rollout engine.
+    """The rollout engine. Checked at construction (`check_config`): a bad value is a
+    `ConfigError` naming the field.
 
     attention: decode attention (prefill always runs the reference). "reference" (plain
         jnp gather + mask, the oracle), "pallas" (a Pallas decode kernel for GPU,
@@ -71,29 +70,22 @@ class SamplerConfig:
         wastes the rest).
     """
 
-    max_num_seqs: int = 64  # sequences decoding together (the largest decode batch)
-    max_num_batched_tokens: int = 512  # token budget of one prefill step (padded rows x chunk length)
-    max_model_len: int = 2048  # the longest sequence (prompt + generated), in tokens; sets the page-table width
+    max_num_seqs: PositiveInt = 64  # sequences decoding together (the largest decode batch)
+    max_num_batched_tokens: PositiveInt = 512  # token budget of one prefill step (padded rows x chunk length)
+    max_model_len: PositiveInt = 2048  # the longest sequence (prompt + generated), in tokens; sets the page-table width
     kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)  # the paged KV pool
     attention: Attention = "auto"  # decode attention: auto | reference | pallas | pallas_tpu (see above)
     share_prefix: bool = True  # the n samples of a request share the prompt's full KV pages
     enable_prefix_caching: bool = True  # reuse cached pages across requests (see above)
-    num_scheduler_steps: int = 4  # decode steps per engine call (an on-device loop)
-    batch_buckets: tuple[int, ...] | None = None  # padded decode / prefill row counts; None: powers of two
-    prefill_chunk_buckets: tuple[int, ...] | None = None  # padded prefill chunk lengths; None: powers of two
-    page_table_buckets: tuple[int, ...] | None = None  # padded page-table widths, in pages; None: powers of two
-    seed: int = 0  # the generator that draws seeds for requests that bring none
+    num_scheduler_steps: PositiveInt = 4  # decode steps per engine call (an on-device loop; see above)
+    batch_buckets: tuple[int, ...] | None = None  # padded decode / prefill row counts; null: powers of two
+    prefill_chunk_buckets: tuple[int, ...] | None = None  # padded prefill chunk lengths; null: powers of two
+    page_table_buckets: tuple[int, ...] | None = None  # padded page-table widths, in pages; null: powers of two
+    seed: NonNegInt = 0  # the generator that draws seeds for requests that bring none
     record_routing: bool = False  # MoE: completions carry each token's experts per layer (see above)
 
     def __post_init__(self):
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if self.num_scheduler_steps < 1:
-            raise ValueError(f"num_scheduler_steps must be >= 1, got {self.num_scheduler_steps}")
-        if self.attention not in get_args(Attention):
-            raise ValueError(f"attention must be {' | '.join(get_args(Attention))}, got {self.attention!r}")
+        check_config(self)
 
     @property
     def max_pages_per_seq(self) -> int:

@@ -11,26 +11,37 @@ materialised).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Annotated, Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rljax.algos.preference import bradley_terry_loss, dpo_loss, sequence_log_probs
+from rljax.algos.preference import DPO_LOSS_REGISTRY, bradley_terry_loss, dpo_loss, sequence_log_probs
 from rljax.algos.sft import sft_loss
+from rljax.config import Bounds, FieldError, PositiveFloat, check_name
 
 
-@dataclass
+@dataclass(frozen=True)
 class DPOConfig:
-    beta: float = 0.1
-    loss_type: str = "sigmoid"  # sigmoid | ipo | hinge
-    label_smoothing: float = 0.0
-    reference_free: bool = False
+    """The DPO family's loss (trainer.algorithm=dpo; `rljax.algos.preference.dpo_loss`)."""
+
+    beta: PositiveFloat = 0.1  # strength of the implicit KL to the reference (the logits' scale)
+    loss_type: str = "sigmoid"  # a name in DPO_LOSS_REGISTRY: sigmoid (DPO) | ipo | hinge
+    label_smoothing: Annotated[float, Bounds(ge=0, le=0.5)] = 0.0  # assumed fraction of flipped labels (cDPO)
+    reference_free: bool = False  # no reference model: its log-probs are taken as 0
+
+    def check(self) -> None:
+        """Run by `rljax.config.check_config` (errors are prefixed with this section's key)."""
+        problem = check_name(self.loss_type, DPO_LOSS_REGISTRY)
+        if problem:
+            raise FieldError("loss_type", problem)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RMConfig:
+    """The reward model's loss (trainer.algorithm=rm; Bradley-Terry on chosen / rejected)."""
+
     margin: float = 0.0  # subtracted from r_chosen - r_rejected (Llama 2's margin loss)
 
 

@@ -17,18 +17,20 @@ import optax
 from rljax.config import FieldError, NonNegFloat, NonNegInt, PositiveFloat, UnitFloat, check_name
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimConfig:
-    lr: NonNegFloat = 1e-5
-    weight_decay: NonNegFloat = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: PositiveFloat = 1e-8
-    grad_clip: float = 1.0  # global-norm clipping; <= 0 disables
-    lr_scheduler_type: str = "constant"  # constant | cosine | wsd
-    warmup_steps: NonNegInt = 0
-    warmup_steps_ratio: UnitFloat = 0.0  # used when warmup_steps is 0
-    min_lr_ratio: UnitFloat = 0.0
-    decay_ratio: UnitFloat = 0.1  # wsd only
+    """AdamW, its learning-rate schedule and gradient clipping (verl: `actor.optim`)."""
+
+    lr: NonNegFloat = 1e-5  # peak learning rate
+    weight_decay: NonNegFloat = 0.01  # AdamW's decoupled weight decay
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam's (beta1, beta2), each in [0, 1)
+    eps: PositiveFloat = 1e-8  # Adam's epsilon
+    grad_clip: float = 1.0  # max global gradient norm; <= 0: no clipping
+    lr_scheduler_type: str = "constant"  # constant | cosine | wsd (rljax.train.optim)
+    warmup_steps: NonNegInt = 0  # steps of linear warmup from 0 to lr; 0: warmup_steps_ratio's
+    warmup_steps_ratio: UnitFloat = 0.0  # warmup as a fraction of the total steps (when warmup_steps is 0)
+    min_lr_ratio: UnitFloat = 0.0  # cosine / wsd: the final learning rate, as a fraction of lr
+    decay_ratio: UnitFloat = 0.1  # wsd: fraction of the steps spent decaying
 
     def check(self) -> None:
         """Run by `rljax.config.check_config` (errors are prefixed with this section's key)."""

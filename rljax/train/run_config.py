@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rljax.config import ConfigError, check_name
+from rljax.config import ConfigError
 from rljax.data.config import DataConfig
 from rljax.parallel import MeshConfig
 from rljax.train.objectives import DPOConfig, RMConfig
@@ -30,7 +30,6 @@ from rljax.train.run_sections import (
     TrainerConfig,
     batch_size_key,
     check_algorithm,
-    check_mesh_shape,
     data_parallel_size,
     unknown_algorithm,
 )
@@ -38,8 +37,10 @@ from rljax.train.run_sections import (
 __all__ = ["RunConfig", "ModelSection", "TrainerConfig", "SUPERVISED_ALGORITHMS", "unknown_algorithm"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
+    """The supervised run (SFT, reward model, DPO): one field per top-level YAML section."""
+
     model: ModelSection = field(default_factory=ModelSection)  # what to train
     data: DataConfig = field(default_factory=DataConfig)  # files, format, lengths, batch size
     optim: OptimConfig = field(default_factory=OptimConfig)  # optimizer and learning-rate schedule
@@ -49,9 +50,8 @@ class RunConfig:
     rm: RMConfig = field(default_factory=RMConfig)  # reward-model loss options (trainer.algorithm=rm)
 
     def check(self) -> None:
-        """What needs more than one section (keys here are full dotted keys)."""
-        from rljax.algos.preference import DPO_LOSS_REGISTRY
-
+        """What needs more than one section (run by `rljax.config.check_config` after every
+        section's own checks; keys here are full dotted keys)."""
         algorithm = self.trainer.algorithm
         check_algorithm(algorithm, "supervised", SUPERVISED_ALGORITHMS, RL_ALGORITHMS, "an RL")
         wanted = SUPERVISED_DATA_FORMAT[algorithm]
@@ -61,15 +61,6 @@ class RunConfig:
         batch, micro = self.data.batch_size, self.trainer.micro_batch_size
         if micro and batch % micro:
             raise ConfigError(f"trainer.micro_batch_size={micro} does not divide {batch_size_key(self.data)}={batch}")
-        check_mesh_shape(self.mesh)
-        if algorithm == "dpo":
-            problem = check_name(self.dpo.loss_type, DPO_LOSS_REGISTRY)
-            if problem:
-                raise ConfigError(f"dpo.loss_type: {problem}")
-            if not self.dpo.beta > 0:
-                raise ConfigError(f"dpo.beta: must be > 0, got {self.dpo.beta:g}")
-            if not 0 <= self.dpo.label_smoothing <= 0.5:
-                raise ConfigError(f"dpo.label_smoothing: must be in [0, 0.5], got {self.dpo.label_smoothing:g}")
 
     def check_run(self, num_devices: int | None = None) -> None:
         """Before the run: the resume checkpoint, and batch sizes against the data-parallel

@@ -45,7 +45,7 @@ def float_dtype_problem(name: str) -> str | None:
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelSection:
     """The model to train (verl: `actor_rollout_ref.model`)."""
 
@@ -78,7 +78,7 @@ class ModelSection:
                 raise FieldError(name, problem)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainerConfig:
     """The loop: steps, micro-batches, checkpoints, validation, logging (verl: `trainer`)."""
 
@@ -130,7 +130,8 @@ def check_algorithm(algorithm: str, kind: str, own: tuple[str, ...], other: tupl
 
 
 def check_mesh_shape(mesh: MeshConfig) -> None:
-    """The mesh sizes, without devices: each >= 1 or -1, at most one -1."""
+    """The mesh sizes, without devices: each >= 1 or -1, at most one -1 (what
+    `MeshConfig.check` says per field, as one message about the mesh)."""
     dims = [mesh.data, mesh.fsdp, mesh.tensor]
     try:
         mesh.shape(math.prod(d for d in dims if d > 0))
@@ -148,5 +149,6 @@ def data_parallel_size(mesh: MeshConfig, num_devices: int) -> int:
 
 
 def batch_size_key(data: DataConfig) -> str:
-    """The key the user set the batch size with (verl's `train_batch_size` or `batch_size`)."""
-    return "data.train_batch_size" if data.train_batch_size is not None else "data.batch_size"
+    """The batch size's key in messages: `data.batch_size` (verl's `data.train_batch_size`
+    is its alias, resolved when the config is loaded)."""
+    return "data.batch_size"

@@ -10,6 +10,7 @@ import yaml
 
 from rljax.agent import AgentConfig, AgentLoop, EnvironmentConfig, Episode, run_episodes
 from rljax.bench.scripted_agent import ScriptedSampler
+from rljax.config import ConfigError, load_section
 from rljax.agent.tools import TOOL_CLASSES, CalculatorTool, PythonSandboxTool, Tool, load_tools, register_tool
 
 from .helpers import enc, hermes_call, run
@@ -63,8 +64,8 @@ def user_module(tmp_path, monkeypatch):
 
 
 # -- AgentConfig ---------------------------------------------------------------------------
-def test_agent_config_from_dict():
-    cfg = AgentConfig.from_dict(yaml.safe_load(textwrap.dedent("""
+def test_agent_config_loads_from_a_mapping():
+    cfg = load_section(AgentConfig, yaml.safe_load(textwrap.dedent("""
         tool_parser: llama3_json
         max_turns: 4
         max_response_tokens: 1024
@@ -74,28 +75,41 @@ def test_agent_config_from_dict():
         extra_turn_end_tokens: ["<|eom_id|>"]
         chat_template_kwargs: {enable_thinking: false}
         environment: {class_name: "pkg.mod:Env", options: {steps: 3}}
-    """)))
+    """)), "agent")
     assert cfg.max_turns == 4 and cfg.tool_timeout_s == 5.0 and cfg.overflow == "end"
     assert cfg.extra_turn_end_tokens == ("<|eom_id|>",)
     assert cfg.environment == EnvironmentConfig("pkg.mod:Env", {"steps": 3})
-    assert AgentConfig.from_dict({}) == AgentConfig()
+    assert load_section(AgentConfig, {}, "agent") == AgentConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.max_turns = 9  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("data,error,match", [
-    ({"max_turn": 3}, ValueError, r"unknown config key agent\.max_turn "),
-    ({"environment": {"class_name": "x", "option": {}}}, ValueError, r"agent\.environment\.option"),
-    ({"max_turns": "3"}, TypeError, r"agent\.max_turns must be an integer"),
-    ({"max_turns": True}, TypeError, r"agent\.max_turns must be an integer"),
-    ({"tool_timeout_s": "fast"}, TypeError, r"agent\.tool_timeout_s must be a number"),
-    ({"overflow": "drop"}, ValueError, r"agent\.overflow must be one of"),
-    ({"max_turns": 0}, ValueError, r"agent\.max_turns must be >= 1"),
-    ({"environment": "pkg:Env"}, TypeError, r"agent\.environment must be a mapping"),
+@pytest.mark.parametrize("data,match", [
+    ({"max_turn": 3}, r"^unknown config key 'agent\.max_turn'; did you mean 'max_turns'\?"),
+    ({"environment": {"class_name": "x", "option": {}}}, r"^unknown config key 'agent\.environment\.option'"),
+    ({"max_turns": "3"}, r"^agent\.max_turns: expected an integer, got '3'"),
+    ({"max_turns": True}, r"^agent\.max_turns: expected an integer, got True"),
+    ({"tool_timeout_s": "fast"}, r"^agent\.tool_timeout_s: expected a number, got 'fast'"),
+    ({"tool_timeout_s": 0}, r"^agent\.tool_timeout_s: must be > 0, got 0"),
+    ({"tool_timeout_s": float("inf")}, r"^agent\.tool_timeout_s: must be a finite number"),
+    ({"overflow": "drop"}, r"^agent\.overflow: expected one of \['truncate', 'end'\], got 'drop'"),
+    ({"max_turns": 0}, r"^agent\.max_turns: must be >= 1, got 0"),
+    ({"max_concurrent_episodes": 0}, r"^agent\.max_concurrent_episodes: must be >= 1, got 0"),
+    ({"environment": "pkg:Env"}, r"^agent\.environment: expected a mapping \(section EnvironmentConfig\)"),
+    ({"environment": {"options": {}}}, r"^agent\.environment: .*class_name"),
 ])
-def test_agent_config_errors_name_the_key(data, error, match):
-    with pytest.raises(error, match=match):
-        AgentConfig.from_dict(data)
+def test_agent_config_errors_name_the_key(data, match):
+    with pytest.raises(ConfigError, match=match) as info:
+        load_section(AgentConfig, data, "agent")
+    assert "\n" not in str(info.value)
+
+
+def test_agent_config_built_in_code_is_checked():
+    """`AgentLoop` users build the config in code: a bad value fails at construction."""
+    with pytest.raises(ConfigError, match=r"^max_parallel_tool_calls: must be >= 1, got 0"):
+        AgentConfig(max_parallel_tool_calls=0)
+    with pytest.raises(ConfigError, match=r"^overflow: expected one of"):
+        AgentConfig(overflow="drop")  # type: ignore[arg-type]
 
 
 # -- tools YAML ----------------------------------------------------------------------------

@@ -270,15 +270,25 @@ def test_val_split_pads_and_covers(files, char_tok):
 
 
 def test_config_validation(files, char_tok):
-    with pytest.raises(ValueError, match="packing is only supported"):
+    with pytest.raises(ValueError, match=r"^data\.packing: only supported for format 'sft'"):
         make(files["rl"], char_tok, "rl", packing=True)
-    with pytest.raises(ValueError, match="truncation must be one of"):
+    with pytest.raises(ValueError, match=r"^data\.truncation: expected one of"):
         make(files["sft"], char_tok, truncation="middle")
-    with pytest.raises(ValueError, match="format must be one of"):
+    with pytest.raises(ValueError, match=r"^data\.format: expected one of"):
         make(files["sft"], char_tok, "dpo")
     with pytest.raises(ValueError, match="val_files is empty"):
         make_dataset(DataConfig(train_files=[files["sft"]]), char_tok, split="val",
                      process_index=0, process_count=1)
+
+
+def test_truncation_words_are_the_policies():
+    """`data.truncation`'s Literal lists exactly the policies `rljax.data.truncation` applies."""
+    from typing import get_args
+
+    from rljax.data.config import Truncation
+    from rljax.data.truncation import TRUNCATION_POLICIES
+
+    assert get_args(Truncation) == TRUNCATION_POLICIES
 
 
 def test_default_process_layout_is_jax(files, char_tok):
