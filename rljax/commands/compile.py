@@ -35,11 +35,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-roofline", action="store_true", help="skip the roofline (4 more small compiles)")
 
 
-def _estimates(raw: dict, devices: int, hbm_gb: float) -> dict[str, int]:
-    """`rljax plan`'s per-device bytes for the kinds of program it models."""
+def _estimates(cfg, devices: int, hbm_gb: float) -> dict[str, int]:
+    """`rljax plan`'s per-device bytes for the kinds of program it models, of the run
+    config `cfg`."""
     from rljax.commands.plan import make_plan
 
-    plan = make_plan(raw, devices=devices, device_memory_gb=hbm_gb, backend="tpu")
+    plan = make_plan(cfg, devices=devices, device_memory_gb=hbm_gb, backend="tpu")
     out = {"train": plan.total}
     if plan.rollout is not None:
         out["decode"] = out["prefill"] = plan.rollout.weights_bytes + plan.rollout.kv_bytes
@@ -49,7 +50,6 @@ def _estimates(raw: dict, devices: int, hbm_gb: float) -> dict[str, int]:
 
 def main(args) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from rljax.commands.plan import load_raw
     from rljax.commands.train import kind_of
     from rljax.config import ConfigError, load_config, validate
     from rljax.rl.config import RLConfig
@@ -85,7 +85,7 @@ def main(args) -> int:
         raise ValueError(f"--programs {args.programs}: this run has no program of those kinds "
                          f"(it has {', '.join(dict.fromkeys(p.kind for p in run.programs))})")
     compiled = compile_run(chosen)
-    estimates = _estimates(load_raw(args.config, args.overrides), len(devices), tpu.chip.hbm_bytes / 1e9)
+    estimates = _estimates(cfg, len(devices), tpu.chip.hbm_bytes / 1e9)
     roofline_kinds = tuple(k for k in ("train", "decode") if k in kinds)
     rooflines = None if args.no_roofline or not roofline_kinds else roofline_programs(
         cfg, devices, tpu.chip, pages, kinds=roofline_kinds, replica_devices=replica)

@@ -1,6 +1,10 @@
 """`rljax plan CONFIG [key.sub=value ...] [--devices N] [--device-memory-gb G]`: the
 memory one device needs for a run, before paying for the slice.
 
+The config is read as a run reads it (`load`: the run kind's class through
+`rljax.config.load_config`, every value checked); an RL config's row length and sampler
+settings are its own (`RLConfig.row_length`, `RLConfig.sampler_config`).
+
 Everything comes from abstract shapes (`nnx.eval_shape`, `jax.eval_shape`) and the
 logical-axis rules of `rljax.parallel` on an `AbstractMesh`; nothing is allocated, so a
 laptop can plan a v5e-16 run (`--devices 16 --device-memory-gb 16`).
@@ -53,43 +57,22 @@ def add_arguments(parser) -> None:
 # ---- config --------------------------------------------------------------------------------
 
 
-def _set(tree: dict, dotted: str, value) -> None:
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        node = tree.get(part)
-        if not isinstance(node, dict):
-            node = tree[part] = {}
-        tree = node
-    tree[parts[-1]] = value
+def load(path: str, overrides: list[str]):
+    """The run config of `path` with dotted `overrides`, as `rljax train` reads it: a
+    `RunConfig` or an `RLConfig` by the run kind, every value checked."""
+    from rljax.commands.train import config_class
+    from rljax.config import load_config
+
+    return load_config(config_class(path, overrides), path, overrides)
 
 
-def load_raw(path: str, overrides: list[str]) -> dict:
-    """The YAML tree with dotted overrides applied. Lenient about sections plan does
-    not read (so RL and agent configs plan too); the sections it reads are checked by
-    their dataclasses."""
-    import yaml
-
-    from rljax.config import ConfigError
-
-    with open(path) as f:
-        raw = yaml.safe_load(f) or {}
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key.sub=value")
-        key, text = item.split("=", 1)
-        _set(raw, key.strip(), yaml.safe_load(text) if text else "")
-    return raw
+load_raw = load  # the name tests/parallel/test_plan.py imports
 
 
-def _section(raw: dict, name: str, cls):
-    from rljax.config import from_dict
-
-    return from_dict(cls, raw.get(name) or {}, prefix=name)
-
-
-def model_config_of(section, raw: dict):
-    """The ModelConfig: `model.path`'s config.json when that folder exists here, else
-    `model.hf_config` (vocab size from the tokenizer only when not given)."""
+def model_config_of(section):
+    """The ModelConfig of the `model:` section: `model.path`'s config.json when that
+    folder exists here, else `model.hf_config` (vocab size from the tokenizer only when
+    not given)."""
     import os
 
     from rljax.models import read_config
@@ -222,44 +205,6 @@ def kv_cache_bytes(cfg, seqs: int, length: int, mesh, dtype_bytes: int) -> int:
     return 2 * cfg.num_hidden_layers * per_device_seqs * length * kv_heads * cfg.head_dim * dtype_bytes
 
 
-def _rl_settings(raw: dict) -> dict:
-    """What an RL config (`rollout`, `actor`, `critic`, `algorithm` sections, verl names)
-    says about shapes; empty for supervised configs."""
-    rollout, actor = raw.get("rollout"), raw.get("actor") or {}
-    if rollout is None:
-        return {}
-    algorithm = raw.get("algorithm") or {}
-    data = raw.get("data") or {}
-    out = {
-        "seq_len": int(data.get("max_prompt_length", 256)) + int(rollout.get("response_length", 64)),
-        "kv_seqs": rollout.get("max_num_seqs"),
-        "kv_fraction": rollout.get("kv_cache_memory_fraction"),
-        "micro_per_device": actor.get("ppo_micro_batch_size_per_device"),
-        "reference": bool(actor.get("use_kl_loss") or algorithm.get("use_kl_in_reward")),
-        "critic": _needs_critic(algorithm.get("adv_estimator", "grpo")),
-        "optim": actor.get("optim"),
-        "tp": int(rollout.get("tensor_parallel_size") or 0),
-        "dp": int(rollout.get("data_parallel_size") or 0),
-        "num_pages": int(rollout.get("num_pages") or 0),
-        "page_size": int(rollout.get("page_size") or 16),
-        "max_num_seqs": int(rollout.get("max_num_seqs") or 64),
-    }
-    if actor.get("ppo_mini_batch_size"):
-        out["mini_batch"] = int(actor["ppo_mini_batch_size"]) * int(rollout.get("n", 1))
-    return out
-
-
-def _needs_critic(estimator: str) -> bool:
-    """Whether `algorithm.adv_estimator` trains a critic (the estimator's spec says so)."""
-    from rljax.algos.registry import get_adv_estimator
-    from rljax.config import ConfigError
-
-    try:
-        return get_adv_estimator(estimator).needs_critic
-    except ValueError as e:
-        raise ConfigError(f"algorithm.adv_estimator: {e}") from None
-
-
 @dataclass(frozen=True)
 class RolloutPlan:
     """The replicas of `rollout.tensor_parallel_size >= 1` (`rljax.rollout.replicas`).
@@ -283,7 +228,7 @@ class RolloutPlan:
     handoff_bytes: int
 
 
-def rollout_plan(cfg, params, devices: int, rl: dict, seq_len: int, kv_seqs: int | None, kv_len: int | None,
+def rollout_plan(cfg, params, devices: int, rollout, seq_len: int, kv_seqs: int | None, kv_len: int | None,
                  dtype) -> RolloutPlan:
     """Per-device memory of the rollout replicas. Pages: `rollout.num_pages` (each
     replica's pool), else room for `kv_seqs` (default `rollout.max_num_seqs`) sequences
@@ -292,21 +237,21 @@ def rollout_plan(cfg, params, devices: int, rl: dict, seq_len: int, kv_seqs: int
     from rljax.rollout.kv_cache import CacheShape
     from rljax.rollout.replicas import kv_bytes_per_device
 
-    tp, page_size = rl["tp"], rl["page_size"]
-    dp = rl["dp"] or devices // tp
+    tp, page_size = rollout.tensor_parallel_size, rollout.page_size
+    dp = rollout.data_parallel_size or devices // tp
     if devices % tp or dp * tp > devices:
         raise ShardingError(f"rollout.data_parallel_size={dp} x rollout.tensor_parallel_size={tp} does not fit "
                             f"the {devices} devices")
     replica = abstract_mesh(MeshConfig(data=1, fsdp=1, tensor=tp), tp)
     weights = planned_bytes(params, state_shardings(params, replica))
-    pages = rl["num_pages"] or (kv_seqs or rl["max_num_seqs"]) * -(-(kv_len or seq_len) // page_size) + 1
+    pages = rollout.num_pages or (kv_seqs or rollout.max_num_seqs) * -(-(kv_len or seq_len) // page_size) + 1
     shape = CacheShape(cfg.num_hidden_layers, pages, page_size, cfg.num_key_value_heads, cfg.head_dim, dtype)
     return RolloutPlan(dp=dp, tp=tp, pages=pages, page_size=page_size, seq_len=seq_len,
                        sequences=(pages - 1) // -(-seq_len // page_size), weights_bytes=weights,
                        kv_bytes=kv_bytes_per_device(shape, tp), handoff_bytes=weights)
 
 
-def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float | None = None,
+def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None = None,
               micro_batch: int | None = None, seq_len: int | None = None, kv_seqs: int | None = None,
               kv_len: int | None = None, kv_dtype: str | None = None, reference: bool = False,
               critic: bool = False, backend: str = "gpu") -> Plan:
@@ -314,24 +259,20 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
     import jax.numpy as jnp
     from flax import nnx
 
-    from rljax.data.config import DataConfig
+    from rljax.algos.registry import get_adv_estimator
     from rljax.models import DTypePolicy, init_model
     from rljax.models.lora import add_adapters, split_trainable
-    from rljax.parallel import (MeshConfig, abstract_mesh, check_batch, data_parallel_size, mesh_desc,
-                                optimizer_shardings, planned_bytes, state_shardings)
+    from rljax.parallel import (abstract_mesh, check_batch, data_parallel_size, mesh_desc, optimizer_shardings,
+                                planned_bytes, state_shardings)
+    from rljax.rl.config import RLConfig
     from rljax.rollout.config import SamplerConfig
-    from rljax.train.optim import OptimConfig, make_optimizer
-    from rljax.train.run_config import ModelSection
+    from rljax.train.optim import make_optimizer
 
-    section = _section(raw, "model", ModelSection)
-    mesh_cfg = _section(raw, "mesh", MeshConfig)
-    rl = _rl_settings(raw)
-    optim_cfg = _section({"optim": rl.get("optim", raw.get("optim"))}, "optim", OptimConfig)
-    data_cfg = _section(raw, "data", DataConfig)
-    trainer = raw.get("trainer") or {}
+    rl = run if isinstance(run, RLConfig) else None  # `run`: a RunConfig or an RLConfig (`load`)
+    section, trainer = run.model, run.trainer
     n = devices or jax.device_count()
-    mesh = abstract_mesh(mesh_cfg, n)
-    cfg = model_config_of(section, raw)
+    mesh = abstract_mesh(run.mesh, n)
+    cfg = model_config_of(section)
     policy = DTypePolicy(section.param_dtype, section.compute_dtype)
 
     # params, optimizer state, gradients: abstract shapes + the rules table. With LoRA the
@@ -349,16 +290,17 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
     p_bytes = planned_bytes(params, param_shardings)
     trainable_shardings = state_shardings(trainable, mesh)
     t_bytes = planned_bytes(trainable, trainable_shardings)
-    optimizer, _ = make_optimizer(optim_cfg, int(trainer.get("total_steps", 100)))
+    optimizer, _ = make_optimizer(rl.actor.optim if rl else run.optim, trainer.total_steps)
     opt_shapes = jax.eval_shape(optimizer.init, trainable)
     o_bytes = planned_bytes(opt_shapes, optimizer_shardings(optimizer, trainable_shardings, mesh))
     lora = section.lora.enabled
 
     dp = data_parallel_size(mesh)
-    batch = int(rl.get("mini_batch") or data_cfg.batch_size)
-    per_device_micro = int(rl.get("micro_per_device") or 0)
-    micro = micro_batch or per_device_micro * dp or int(trainer.get("micro_batch_size") or 0) or batch
-    seq = seq_len or rl.get("seq_len") or data_cfg.max_length
+    # an RL step's optimizer step sees a mini-batch of ppo_mini_batch_size prompts x rollout.n rows
+    batch = rl.actor.ppo_mini_batch_size * rl.rollout.n if rl else run.data.batch_size
+    per_device_micro = rl.actor.ppo_micro_batch_size_per_device if rl else 0
+    micro = micro_batch or per_device_micro * dp or trainer.micro_batch_size or batch
+    seq = seq_len or (rl.row_length if rl else run.data.max_length)
     check_batch(micro, mesh, name="micro-batch")
     num_micro = max(batch // micro, 1)
     rows = micro // dp
@@ -368,10 +310,11 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
     trained_params = sum(math.prod(x.shape) for x in jax.tree.leaves(trainable))
     per_device_params = p_bytes // jnp.dtype(policy.param).itemsize
 
-    algorithm = trainer.get("algorithm", "sft")
-    reference = (reference or rl.get("reference", False)
-                 or (algorithm == "dpo" and not (raw.get("dpo") or {}).get("reference_free", False)))
-    critic = critic or rl.get("critic", False)
+    if rl:
+        reference = reference or rl.actor.use_kl_loss or rl.algorithm.use_kl_in_reward
+        critic = critic or get_adv_estimator(rl.algorithm.adv_estimator).needs_critic
+    else:
+        reference = reference or (trainer.algorithm == "dpo" and not run.dpo.reference_free)
     plan = Plan(title=[
         f"rljax plan: {cfg.model_type}, {_count(total_params)} params; {mesh_desc(mesh)} on {n} devices"
         f"{' (abstract)' if devices else ''}",
@@ -428,23 +371,24 @@ def make_plan(raw: dict, *, devices: int | None = None, device_memory_gb: float 
                  act, count=remat == section.remat)
     plan.add("logits, chunked log-probs", logits_bytes(cfg, rows, seq, tensor))
 
-    # the sampler's KV cache: on the training mesh (tp = 0), or the replicas' below
-    sampler = SamplerConfig()
-    seqs = kv_seqs or rl.get("kv_seqs") or sampler.max_num_seqs
-    length = kv_len or rl.get("seq_len") or sampler.max_model_len
+    # the sampler's KV cache: on the training mesh (tp = 0), or the replicas' below; a supervised
+    # config has no sampler: the engine's defaults
+    sampler = rl.sampler_config() if rl else SamplerConfig()
+    seqs = kv_seqs or sampler.max_num_seqs
+    length = kv_len or sampler.max_model_len
     kv_bytes = jnp.dtype(kv_dtype or policy.compute).itemsize
     plan.kv.append((f"kv cache: {seqs} seqs x {length} tokens ({kv_dtype or policy.compute_dtype})",
                     kv_cache_bytes(cfg, seqs, length, mesh, kv_bytes)))
     per_token = kv_cache_bytes(cfg, data_parallel_size(mesh), 1, mesh, kv_bytes)
     plan.kv.append(("kv cache per cached token (one sequence)", per_token))
-    if rl.get("tp"):  # replicas: their pools replace the training-mesh sampler's
-        plan.rollout = rollout_plan(cfg, params, n, rl, rl["seq_len"], kv_seqs, kv_len,
+    if rl and rl.rollout.tensor_parallel_size:  # replicas: their pools replace the training-mesh sampler's
+        plan.rollout = rollout_plan(cfg, params, n, rl.rollout, rl.row_length, kv_seqs, kv_len,
                                     jnp.dtype(kv_dtype or policy.compute))
         plan.kv = []
     if device_memory_gb:
         limit = int(device_memory_gb * 1e9)
         free = limit - p_bytes - o_bytes - (reference_bytes if reference else 0)  # what stays resident while sampling
-        fraction = rl.get("kv_fraction") or sampler.kv_cache.memory_fraction
+        fraction = sampler.kv_cache.memory_fraction
         note = (f"device memory {device_memory_gb:g} GB: training needs {plan.total / GiB:.2f} GiB -> "
                 + ("fits" if plan.total <= limit else "DOES NOT FIT"))
         if plan.rollout is None:
@@ -513,10 +457,9 @@ def main(args) -> int:
     from rljax.parallel import ShardingError
 
     try:
-        raw = load_raw(args.config, args.overrides)
-        plan = make_plan(raw, devices=args.devices, device_memory_gb=args.device_memory_gb,
-                         micro_batch=args.micro_batch, seq_len=args.seq_len, kv_seqs=args.kv_seqs,
-                         kv_len=args.kv_len, kv_dtype=args.kv_dtype, reference=args.reference,
+        plan = make_plan(load(args.config, args.overrides), devices=args.devices,
+                         device_memory_gb=args.device_memory_gb, micro_batch=args.micro_batch, seq_len=args.seq_len,
+                         kv_seqs=args.kv_seqs, kv_len=args.kv_len, kv_dtype=args.kv_dtype, reference=args.reference,
                          critic=args.critic, backend=args.backend)
     except (ConfigError, ShardingError) as e:
         raise SystemExit(f"plan: {e}") from None

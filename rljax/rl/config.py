@@ -16,6 +16,12 @@ adv_estimator, loss_mode, KL types) with the valid names listed, the `agent:` se
 the checks that need the machine (`RLConfig.check_run`: the device count, the resume
 checkpoint): call it before building anything.
 
+What the run builds from the sections is derived here, once: the row length and its
+padding bucket (`RLConfig.row_length`, `RLConfig.row_bucket`), the sampler's engine
+settings (`RLConfig.sampler_config`, and the reward verifier's,
+`RLConfig.verifier_sampler_config`) and the requests' sampling params
+(`RLConfig.sampling_params`).
+
 The sections live in their own modules (`actor_config`, `rollout_config`,
 `algorithm_config`, `reward_config`; `model` and `trainer` in `rljax.train.run_sections`,
 shared with the supervised `RunConfig`) and are importable from here.
@@ -45,7 +51,10 @@ from rljax.rl.reward_config import (
     RewardModelSection,
     VerifierSection,
 )
+from rljax.rl.request_streams import TRAIN, VALIDATION, request_stream
 from rljax.rl.rollout_config import RolloutConfig, TopK, ValKwargs
+from rljax.rollout.config import KVCacheConfig, SamplerConfig
+from rljax.rollout.params import SamplingParams
 from rljax.train.run_sections import (
     RL_ALGORITHMS,
     SUPERVISED_ALGORITHMS,
@@ -159,6 +168,59 @@ class RLConfig:
                 raise ConfigError(f"{section}.ppo_micro_batch_size_per_device={micro}: micro-batches of {micro}x{ways}="
                                   f"{micro * ways} rows (per device x data-parallel size on {num_devices} devices) "
                                   f"do not divide the mini-batch of {mini}x{n}={mini_rows} rows")
+
+    # ---- derived values (what the run builds from the sections) ---------------------------
+
+    @property
+    def row_length(self) -> int:
+        """Tokens of one RL row, `data.max_prompt_length + rollout.response_length`: the
+        step batch's widest padded length and the sampler's `max_model_len`."""
+        return self.data.max_prompt_length + self.rollout.response_length
+
+    @property
+    def row_bucket(self) -> int:
+        """A step batch is padded to the next multiple of this (capped at `row_length`):
+        `data.bucket_size`, or `row_length` when it is 0 (every batch padded to the row)."""
+        return self.data.bucket_size or self.row_length
+
+    def sampler_config(self) -> SamplerConfig:
+        """The engine settings of the run's sampler (each rollout replica's), from the
+        `rollout` section; routing is recorded for `actor.router_replay`."""
+        r = self.rollout
+        return SamplerConfig(
+            max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
+            max_model_len=self.row_length,
+            kv_cache=KVCacheConfig(page_size=r.page_size, num_pages=r.num_pages or None,
+                                   memory_fraction=r.kv_cache_memory_fraction),
+            enable_prefix_caching=r.enable_prefix_caching, num_scheduler_steps=r.num_scheduler_steps,
+            attention=r.attention, seed=r.seed, record_routing=self.actor.router_replay)
+
+    def verifier_sampler_config(self) -> SamplerConfig:
+        """The engine settings of the generative verifier's sampler (`reward.verifier`):
+        its own sequences, pool and length (0: the row plus 512 tokens of grading
+        template and verdict), the rollout's prefill budget, page size and seed."""
+        r, v = self.rollout, self.reward.verifier
+        return SamplerConfig(
+            max_num_seqs=v.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
+            max_model_len=v.max_model_len or self.row_length + 512,
+            kv_cache=KVCacheConfig(page_size=r.page_size, num_pages=v.num_pages or None,
+                                   memory_fraction=v.kv_cache_memory_fraction),
+            seed=r.seed)
+
+    def sampling_params(self, step: int = 0, validation: bool = False) -> SamplingParams:
+        """The rollout's sampling params at `step`: seed `rollout.seed`, up to
+        `rollout.response_length` tokens, and streams starting at `request_stream(TRAIN,
+        step, 0)` (a round's prompt i then samples stream base + group offset + i).
+        Validation samples by `rollout.val_kwargs` on the same streams at every step
+        (common random numbers: a change in validation accuracy between steps is the
+        policy's, not the noise's)."""
+        r = self.rollout
+        if validation:
+            v = r.val_kwargs
+            return SamplingParams(n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k,
+                                  max_tokens=r.response_length, seed=r.seed, stream=request_stream(VALIDATION, 0, 0))
+        return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
+                              max_tokens=r.response_length, seed=r.seed, stream=request_stream(TRAIN, step, 0))
 
     def _learners(self) -> tuple[str, ...]:
         """The trained sections: the actor, and the critic when the advantages need values."""

@@ -30,7 +30,6 @@ from rljax.rl.batch import Sample, build_batch
 from rljax.rl.config import RLConfig
 from rljax.rl.forwards import LogProbFn, make_log_prob_fn
 from rljax.rl.generation import RoundFn
-from rljax.rl.scoring import sampling_params
 
 
 def reference_text(ground_truth: Any, extra_info: Any) -> str:
@@ -55,7 +54,7 @@ def reference_nll(log_probs: LogProbFn, params, samples: list[Sample], cfg: RLCo
                   shard=lambda batch: batch) -> tuple[np.ndarray, np.ndarray]:
     """Summed NLL and token count of each sample's response (float64 `[N]` each)."""
     padded = samples + [samples[0]] * (-len(samples) % rows_multiple)  # rows divide the mesh
-    batch = build_batch(padded, cfg.data.bucket_size, cfg.data.max_prompt_length + cfg.rollout.response_length)
+    batch = build_batch(padded, cfg.row_bucket, cfg.row_length)
     ids, mask = shard({"i": batch["input_ids"], "m": batch["attention_mask"]}).values()
     lp = np.asarray(fetch(log_probs(params, ids, mask)), np.float64)[: len(samples)]
     scored = batch["response_mask"][: len(samples)].astype(np.float64)
@@ -76,7 +75,7 @@ def validate(cfg: RLConfig, tokenizer, round_fn: RoundFn, log_probs: LogProbFn |
             return {}
         batches = make_dataset(dataclasses.replace(cfg.data, shuffle=False), tokenizer, "val",
                                process_index=0, process_count=1)
-    params_sampling = sampling_params(cfg, validation=True)
+    params_sampling = cfg.sampling_params(validation=True)
     records: list[dict] = []
     nll: dict[str, float] = defaultdict(float)
     tokens: dict[str, float] = defaultdict(float)

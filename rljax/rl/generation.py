@@ -24,7 +24,6 @@ from rljax.rl.main_thread import OnMainThread
 from rljax.rl.model_rewards import build_model_rewards
 from rljax.rl.replicated import ReplicatedRollout
 from rljax.rl.scoring import ScoredRollout, generate_and_score
-from rljax.rollout.config import KVCacheConfig, SamplerConfig
 from rljax.rollout.params import SamplingParams
 from rljax.rollout.replicas import ReplicaLayout
 from rljax.rollout.sampler import Sampler
@@ -32,20 +31,8 @@ from rljax.rollout.sampler import Sampler
 RoundFn = Callable[[dict, SamplingParams, int], ScoredRollout]  # (prompts, params, group offset)
 
 
-def sampler_config(cfg: RLConfig) -> SamplerConfig:
-    """The engine settings of the run's sampler(s), from the `rollout` section."""
-    r = cfg.rollout
-    return SamplerConfig(
-        max_num_seqs=r.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens,
-        max_model_len=cfg.data.max_prompt_length + r.response_length,
-        kv_cache=KVCacheConfig(page_size=r.page_size, num_pages=r.num_pages or None,
-                               memory_fraction=r.kv_cache_memory_fraction),
-        enable_prefix_caching=r.enable_prefix_caching, attention=r.attention, seed=r.seed,
-        record_routing=cfg.actor.router_replay)
-
-
 def make_sampler(cfg: RLConfig, decoder) -> Sampler:
-    return Sampler(decoder, sampler_config(cfg))
+    return Sampler(decoder, cfg.sampler_config())
 
 
 def make_reward_manager(cfg: RLConfig) -> RewardManager:

@@ -228,7 +228,6 @@ def build_model_rewards(cfg: RLConfig, tokenizer, policy=None, policy_params: Ca
         kwargs.update(scorer=ScalarHeadScorer(model, rm_tokenizer, batch_size=rm_cfg.batch_size),
                       rm_combine=rm_cfg.combine, rm_weight=rm_cfg.weight, rm_reuses_ids=reuses_ids)
     if v_cfg.enable:
-        from rljax.rollout.config import KVCacheConfig, SamplerConfig
         from rljax.rollout.sampler import Sampler
 
         key = "reward.verifier.path"
@@ -246,13 +245,7 @@ def build_model_rewards(cfg: RLConfig, tokenizer, policy=None, policy_params: Ca
             model = _load(key, path, lambda: load_hf_sharded(path, mesh, v_cfg.dtype) if mesh is not None
                           else load_hf(path, v_cfg.dtype))
             v_tokenizer = _own_tokenizer(path) or tokenizer
-        r = cfg.rollout
-        max_len = v_cfg.max_model_len or cfg.data.max_prompt_length + r.response_length + 512
-        sampler = Sampler(model, SamplerConfig(
-            max_num_seqs=v_cfg.max_num_seqs, max_num_batched_tokens=r.max_num_batched_tokens, max_model_len=max_len,
-            kv_cache=KVCacheConfig(page_size=r.page_size, num_pages=v_cfg.num_pages or None,
-                                   memory_fraction=v_cfg.kv_cache_memory_fraction),
-            seed=r.seed))
+        sampler = Sampler(model, cfg.verifier_sampler_config())
         closers.append(sampler.close)
         if v_cfg.path == "policy":
             def before():

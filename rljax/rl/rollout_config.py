@@ -1,6 +1,7 @@
 """The `rollout:` section of `RLConfig`: how responses are sampled during RL (verl:
-`actor_rollout_ref.rollout`). `rljax.rl.generation.make_sampler` turns it into the
-engine's own `rljax.rollout.config.SamplerConfig`."""
+`actor_rollout_ref.rollout`). `RLConfig.sampler_config` turns it into the engine's own
+`rljax.rollout.config.SamplerConfig` and `RLConfig.sampling_params` into the requests'
+`SamplingParams`."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ class RolloutConfig:
     # fraction of free device memory given to the KV pool (verl: gpu_memory_utilization, of total memory)
     kv_cache_memory_fraction: OpenUnitFloat = 0.3
     enable_prefix_caching: bool = True  # reuse cached pages across requests (agent turns)
+    # decode steps per sampler call (an on-device loop; a row stops early at its max_tokens): more amortise
+    # dispatch and host transfers, fewer hand a finished sequence's slot to a waiting one sooner
+    num_scheduler_steps: PositiveInt = 4
     # the sampler's decode attention: auto (the TPU paged kernel on a TPU when head_dim % 128 == 0, else
     # reference) | reference (jnp gather + mask) | pallas (GPU kernel) | pallas_tpu (TPU paged kernel)
     attention: Attention = "auto"

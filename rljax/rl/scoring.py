@@ -26,33 +26,6 @@ class ScoredRollout:
     records: list[dict[str, Any]] = field(default_factory=list)  # per-sample info for evaluation
 
 
-TRAIN, VALIDATION = 0, 1  # the purposes a run samples for
-
-
-def request_stream(purpose: int, step: int, index: int) -> int:
-    """The 64-bit random stream of one request (`SamplingParams.stream`): the purpose in
-    bit 63, the RL step in bits 32-62, the request's index within the step in bits 0-31.
-    Unique within a run and a function of data every process has, so a request draws the
-    same noise on any replica, after preemption and after a resume."""
-    if not (0 <= step < 2**31 and 0 <= index < 2**32):
-        raise ValueError(f"request stream out of range: step {step}, index {index}")
-    return (purpose << 63) | (step << 32) | index
-
-
-def sampling_params(cfg: RLConfig, step: int = 0, validation: bool = False) -> SamplingParams:
-    """The rollout's sampling params at `step`: seed `rollout.seed`, and streams starting at
-    `request_stream(TRAIN, step, 0)` (a round's prompt i then samples stream base + group
-    offset + i). Validation uses the same streams at every step (common random numbers,
-    so a change in validation accuracy between steps is the policy's, not the noise's)."""
-    r = cfg.rollout
-    if validation:
-        v = r.val_kwargs
-        return SamplingParams(n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k,
-                              max_tokens=r.response_length, seed=r.seed, stream=request_stream(VALIDATION, 0, 0))
-    return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
-                          max_tokens=r.response_length, seed=r.seed, stream=request_stream(TRAIN, step, 0))
-
-
 def generate_and_score(
     generate: Callable[[list[list[int]], SamplingParams], list],
     reward_manager,

@@ -45,7 +45,7 @@ from rljax.rl.forwards import BatchForwards, make_log_prob_fn
 from rljax.rl.generation import Generation
 from rljax.rl.learner import make_learner
 from rljax.rl.objectives import actor_objective, correction_kwargs, critic_objective
-from rljax.rl.scoring import ScoredRollout, dynamic_sampling, sampling_params
+from rljax.rl.scoring import ScoredRollout, dynamic_sampling
 from rljax.rl.step_metrics import Timer, batch_metrics, rollout_mismatch, throughput
 from rljax.rl.warmup import run_warmup_sft
 from rljax.runs import Run
@@ -128,7 +128,7 @@ class RLTrainer:
 
     def rollout(self, timer: Timer) -> ScoredRollout:
         cfg = self.cfg
-        params = sampling_params(cfg, self.step_count)
+        params = cfg.sampling_params(self.step_count)
 
         def generate_round(prompts, offset):
             return self.generate_round(prompts, params, offset)
@@ -161,8 +161,7 @@ class RLTrainer:
         _, group_ids = np.unique([s.group_id for s in samples], return_inverse=True)
         for s, g in zip(samples, group_ids):
             s.group_id = int(g)
-        row = cfg.data.max_prompt_length + cfg.rollout.response_length
-        batch = build_batch(samples, cfg.data.bucket_size or row, row, pad_id=self.tokenizer.pad_token_id or 0)
+        batch = build_batch(samples, cfg.row_bucket, cfg.row_length, pad_id=self.tokenizer.pad_token_id or 0)
         self.forwards.fill(batch, self.mesh, timer, self.actor.params, self.reference,
                            None if self.critic is None else self.critic.params)
         with timer("adv"):

@@ -25,7 +25,7 @@ def run_warmup_sft(cfg: RLConfig, run_dir: str) -> RLConfig:
         sft = RunConfig(
             model=cfg.model,
             data=DataConfig(format="sft", train_files=list(w.train_files),
-                            max_length=cfg.data.max_prompt_length + cfg.rollout.response_length,
+                            max_length=cfg.row_length,
                             bucket_size=cfg.data.bucket_size, batch_size=w.batch_size, seed=cfg.data.seed),
             optim=OptimConfig(lr=w.lr, weight_decay=0.0, lr_scheduler_type="cosine", warmup_steps=min(10, w.steps // 10),
                               min_lr_ratio=0.1),

@@ -35,7 +35,6 @@ from rljax.models.heads import ScalarHeadModel
 from rljax.parallel import batch_sharding, make_mesh, replicated, state_shardings
 from rljax.rl.config import RLConfig
 from rljax.rl.forwards import BatchForwards
-from rljax.rl.generation import sampler_config
 from rljax.rl.learner import learner_update
 from rljax.rl.objectives import actor_objective, critic_objective
 from rljax.rl.trainer import CRITIC_KEYS, actor_keys
@@ -169,7 +168,7 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
     section, a, r = cfg.model, cfg.actor, cfg.rollout
     policy = DTypePolicy(section.param_dtype, section.compute_dtype)
     mesh = make_mesh(cfg.mesh, devices)
-    row = cfg.data.max_prompt_length + r.response_length
+    row = cfg.row_length
     platform = _platform(mesh)
     notes: list[str] = []
 
@@ -239,7 +238,7 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
                                     (critic_params, ids, mask), tokens, flops, len(devices), mesh))
 
     # the sampler: one replica of the rollout layout (all replicas run the same programs)
-    sampler = sampler_config(cfg)
+    sampler = cfg.sampler_config()
     if num_scheduler_steps is not None:
         sampler = dataclasses.replace(sampler, num_scheduler_steps=num_scheduler_steps)
     layout = None
@@ -350,6 +349,5 @@ def default_pages(cfg: RLConfig) -> int:
     r = cfg.rollout
     if r.num_pages:
         return r.num_pages
-    length = cfg.data.max_prompt_length + r.response_length
-    return r.max_num_seqs * -(-length // r.page_size) + 1
+    return r.max_num_seqs * -(-cfg.row_length // r.page_size) + 1
 

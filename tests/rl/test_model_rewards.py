@@ -39,7 +39,7 @@ from rljax.rewards.manager import RewardManager
 from rljax.rl.batch import Sample, build_batch
 from rljax.rl.config import RLConfig, RewardModelSection, VerifierSection
 from rljax.rl.model_rewards import ModelRewards, build_model_rewards
-from rljax.rl.scoring import generate_and_score, sampling_params
+from rljax.rl.scoring import generate_and_score
 from rljax.rl.trainer import RLTrainer
 from rljax.rollout.params import Completion, SamplingParams
 from tests.rl.test_rl_train import capture_batches, make_config
@@ -333,7 +333,7 @@ def test_grpo_step_rewards_are_reward_model_scores(tmp_path, rm_dirs, tok):
         trainer.generation.model_rewards.close()
         trainer.generation.model_rewards = build_model_rewards(judge_cfg, trainer.tokenizer, policy,
                                                                lambda: trainer.actor.state.params, trainer.mesh)
-        judged = trainer.generate_round(next(trainer.train_data), sampling_params(cfg, step=1), 0)
+        judged = trainer.generate_round(next(trainer.train_data), cfg.sampling_params(step=1), 0)
     finally:
         trainer.close()
 

@@ -11,7 +11,6 @@ import pytest
 from rljax.data import make_dataset
 from rljax.parallel import make_mesh
 from rljax.rl.generation import Generation, rollout_layout
-from rljax.rl.scoring import sampling_params
 from rljax.train.setup import build_decoder, load_tokenizer
 
 from tests.rl.test_rl_train import make_config, capture_batches
@@ -31,7 +30,7 @@ def test_one_two_four_eight_replicas_sample_the_same_tokens(tmp_path):
     data = dataclasses.replace(cfg.data, format="rl",
                                train_files=materialize(cfg.data.train_files, str(tmp_path / "data"), "train"))
     prompts = next(make_dataset(data, tokenizer, "train", process_index=0, process_count=1))
-    params = sampling_params(cfg, step=3)
+    params = cfg.sampling_params(step=3)
     results = {}
     for replicas in (1, 2, 4, 8):
         generation = Generation(_replica_config(cfg, replicas), decoder, tokenizer)

@@ -16,7 +16,7 @@ from rljax.agent import Environment, EnvStep
 from rljax.agent.rollout_adapter import RolloutSamplerAdapter
 from rljax.data.tokenizer import build_char_tokenizer
 from rljax.rl.config import RLConfig
-from rljax.rl.scoring import TRAIN, VALIDATION, request_stream, sampling_params
+from rljax.rl.request_streams import TRAIN, VALIDATION, request_stream
 from rljax.rollout import KVCacheConfig, Sampler, SamplerConfig
 from rljax.rollout.params import SamplingParams
 from rljax.rollout.sampling import row_keys
@@ -60,8 +60,8 @@ def test_request_streams_are_unique_and_in_range():
     with pytest.raises(ValueError, match="out of range"):
         request_stream(TRAIN, 0, 2**32)
     cfg = RLConfig()
-    assert sampling_params(cfg, 3).stream == request_stream(TRAIN, 3, 0)
-    assert sampling_params(cfg, 3, validation=True).stream == sampling_params(cfg, 9, validation=True).stream
+    assert cfg.sampling_params(3).stream == request_stream(TRAIN, 3, 0)
+    assert cfg.sampling_params(3, validation=True).stream == cfg.sampling_params(9, validation=True).stream
 
 
 def test_three_turn_episode_never_reuses_a_key(tiny):

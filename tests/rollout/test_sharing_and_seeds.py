@@ -53,17 +53,16 @@ def test_copies_of_one_prompt_draw_independent_samples(roomy_sampler):
     the whole step): 32 distinct samples. Before per-request streams, sample i of every
     copy used the same key, so the 8 groups were identical (4 distinct samples)."""
     from rljax.rl.config import RLConfig
-    from rljax.rl.scoring import sampling_params
 
     cfg = RLConfig()
     cfg.rollout.n, cfg.rollout.response_length = 4, 12
-    params = sampling_params(cfg, step=7)
+    params = cfg.sampling_params(step=7)
     prompt = random_prompts([6], seed=21)[0]
     out = roomy_sampler.generate([prompt] * 8, params)
     assert len(out) == 32
     assert len({tuple(c.token_ids) for c in out}) == 32
     # the next step draws other samples for the same prompts
-    again = roomy_sampler.generate([prompt] * 8, sampling_params(cfg, step=8))
+    again = roomy_sampler.generate([prompt] * 8, cfg.sampling_params(step=8))
     assert {tuple(c.token_ids) for c in again}.isdisjoint({tuple(c.token_ids) for c in out})
 
 

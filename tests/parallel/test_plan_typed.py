@@ -1,0 +1,37 @@
+"""`rljax plan` reads the config as the run does (the run kind's class through the one
+loader): an RL config's defaults are the RL sections' own, and a wrong key is refused."""
+
+import pytest
+
+from rljax.cli import main as cli_main
+from rljax.commands.plan import load, make_plan
+
+TINY_MODEL = {"model_type": "qwen2", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "tie_word_embeddings": True}
+
+
+@pytest.fixture
+def bare_rl_config(tmp_path):
+    """An RL config that sets nothing but the algorithm and the model: every size a default."""
+    import yaml
+
+    path = tmp_path / "rl.yaml"
+    path.write_text(yaml.safe_dump({"trainer": {"algorithm": "grpo"}, "model": {"hf_config": TINY_MODEL}}))
+    return str(path)
+
+
+def test_an_rl_config_without_a_rollout_section_is_planned_with_the_rl_defaults(bare_rl_config):
+    """Rows of data.max_prompt_length 256 + rollout.response_length 64 = 320 tokens; the
+    mini-batch actor.ppo_mini_batch_size 8 x rollout.n 4 = 32 rows over 8 devices; the
+    sampler's rollout.max_num_seqs 64 sequences of a row each, beside the params with
+    rollout.kv_cache_memory_fraction 0.3 of the free memory."""
+    plan = make_plan(load(bare_rl_config, []), devices=8, device_memory_gb=16)
+    assert "micro-batch 32 rows (4 per device) x 320 tokens" in plan.title[1]
+    assert plan.kv[0][0].startswith("kv cache: 64 seqs x 320 tokens")
+    assert "a sampler beside params + optimizer state gets 0.3 x" in plan.notes[0]
+
+
+def test_plan_refuses_a_misspelt_key_in_any_section(bare_rl_config):
+    with pytest.raises(SystemExit, match=r"^plan: unknown config key 'rollout\.temprature'; did you mean"):
+        cli_main(["plan", bare_rl_config, "rollout.temprature=0.5", "--devices", "8"])
