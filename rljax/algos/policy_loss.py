@@ -11,9 +11,7 @@ and `register_policy_loss` turns it into the public function with verl's signatu
        return_terms=False) -> (pg_loss, metrics)
 
 (REINFORCE names its first argument `rollout_log_prob`, and GSPO's default mode is
-"seq-mean-token-mean", as in verl.)
-
-which does what every loss shares: it multiplies the per-token losses by the rollout IS
+"seq-mean-token-mean", as in verl), which does what every loss shares: it multiplies the per-token losses by the rollout IS
 weights (rollout correction; constants, no gradient), aggregates them (`agg_loss_terms`),
 honours `global_denominator` / `return_terms` and records `actor/pg_loss`. All arrays are
 [B, T] and aligned with `input_ids` (entry t is about token t, see
