@@ -1,9 +1,9 @@
 """verl's calling conventions: every function of `rljax.algos` named as one of verl's
-`core_algos` accepts what verl's accepts (same parameters, order, kinds, defaults, and
-verl's attribute-style config objects).
+`core_algos` (or `rollout_corr_helper`) accepts what verl's accepts (same parameters,
+order, kinds, defaults, and verl's attribute-style config objects).
 
-The signature test reads verl's own `verl/trainer/ppo/core_algos.py` with `ast`, without
-importing verl (its imports are heavy). It needs the verl package on disk; CI installs it
+The signature test reads verl's own `verl/trainer/ppo/core_algos.py` and
+`rollout_corr_helper.py` with `ast`, without importing verl (its imports are heavy). It needs the verl package on disk; CI installs it
 without its dependencies (`pip install --no-deps verl==0.9.1`, in .ci/run: pip extras cannot
 say --no-deps), and the test is skipped, with that line as the reason, where verl is absent.
 The call tests below it need no verl: their expected values are computed by hand.
@@ -26,12 +26,12 @@ VERL_PIN = "verl==0.9.1"
 P = inspect.Parameter
 
 
-def _core_algos_path() -> Path | None:
-    """verl's core_algos.py, found without importing verl (find_spec of a top-level
+def _verl_file(name: str) -> Path | None:
+    """verl/trainer/ppo/`name`, found without importing verl (find_spec of a top-level
     package does not run its __init__)."""
     spec = importlib.util.find_spec("verl")
     for root in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(root) / "trainer" / "ppo" / "core_algos.py"
+        path = Path(root) / "trainer" / "ppo" / name
         if path.is_file():
             return path
     return None
@@ -58,8 +58,8 @@ def _verl_functions(path: Path) -> dict[str, list[tuple[str, object, object]]]:
     return out
 
 
-CORE_ALGOS = _core_algos_path()
-VERL = _verl_functions(CORE_ALGOS) if CORE_ALGOS else {}
+CORE_ALGOS, ROLLOUT_CORR = _verl_file("core_algos.py"), _verl_file("rollout_corr_helper.py")
+VERL = {**(_verl_functions(ROLLOUT_CORR) if ROLLOUT_CORR else {}), **(_verl_functions(CORE_ALGOS) if CORE_ALGOS else {})}
 SHARED = sorted(set(A.__all__) & set(VERL))
 
 
@@ -72,7 +72,8 @@ def test_every_verl_named_function_is_compared():
     # the comparison below is not vacuous: the functions verl users call are all in it
     assert {"agg_loss", "compute_gae_advantage_return", "compute_grpo_outcome_advantage", "compute_policy_loss",
             "compute_policy_loss_vanilla", "compute_policy_loss_reinforce", "compute_value_loss", "kl_penalty",
-            "get_kl_controller", "compute_rewards"} <= set(SHARED)  # fmt: skip
+            "get_kl_controller", "compute_rewards", "compute_rollout_correction_and_rejection_mask",
+            "compute_rollout_correction_weights", "compute_rollout_rejection_mask"} <= set(SHARED)  # fmt: skip
 
 
 @pytest.mark.skipif(CORE_ALGOS is None, reason=f"verl is not installed (`pip install --no-deps {VERL_PIN}`)")
