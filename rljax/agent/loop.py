@@ -440,8 +440,15 @@ class _EpisodeRun:
                 logger.exception("closing the environment failed")
 
 
+# why an episode ends (`Trajectory.termination`)
+TERMINATIONS = ("stop", "max_turns", "max_response_tokens", "max_tokens_per_turn", "length", "env_done", "overflow")
+
+
 def collect_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Batch metrics with verl-style names (``agent/...``)."""
+    """Batch metrics with verl-style names (``agent/...``); how each combines over rounds
+    and replicas is declared in `rljax.metrics.REDUCTIONS`. Every termination reason is
+    reported (a fraction, 0 when no episode ended so), so that combining never leaves a
+    part out of a fraction."""
     if not trajectories:
         return {}
     out: dict[str, float] = {}
@@ -469,8 +476,8 @@ def collect_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         extra.update(t.metrics)
     for name, n in by_name.items():
         out[f"agent/tool_calls_by_name/{name}"] = float(n)
-    for reason, n in reasons.items():
-        out[f"agent/termination/{reason}"] = float(n) / len(trajectories)
+    for reason in dict.fromkeys([*TERMINATIONS, *reasons]):  # every known reason, 0 when none ended so
+        out[f"agent/termination/{reason}"] = float(reasons[reason]) / len(trajectories)
     for key, v in extra.items():
         out[f"agent/{key}"] = float(v)
     return out

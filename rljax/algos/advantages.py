@@ -6,15 +6,19 @@ critic's `values`, a greedy response's `reward_baselines`, the samples' `group_i
 trainer reads those needs off the spec (`get_adv_estimator(name).needs_critic`, ...) and
 calls `compute_advantages(name, inputs, gamma=..., lam=..., norm_adv_by_std_in_grpo=...)`.
 
-Each estimator also has verl's keyword function (`compute_grpo_outcome_advantage(...)`,
-`get_adv_estimator_fn(name)`): the arrays it needs positionally in verl's order, then
-keywords named as in verl: `token_level_rewards` [B, T] (an outcome reward sits on the last
-response token), `response_mask` [B, T], `values` [B, T], `index` [B] (int group ids in
-[0, num_groups): the prompt each sample came from; verl takes string uids),
-`reward_baselines` [B], `num_groups`, and the `AdvantageParams` fields (`gamma`, `lam`,
-`epsilon`, `norm_adv_by_std_in_grpo`, `f_norm`). Every function accepts that one closed set
-of names, so a trainer can pass one superset to any estimator, and a misspelt name is a
-`TypeError` instead of being swallowed.
+Each estimator also has verl's function (`compute_grpo_outcome_advantage(...)`,
+`get_adv_estimator_fn(name)`), with the signature of verl's function of that name: the same
+parameters in the same order, with the same defaults (`verl_params`), including verl's
+`config` (its `AlgoConfig`: an object or mapping whose `gamma`, `lam`,
+`norm_adv_by_std_in_grpo` are read) and verl's `**kwargs` where verl has them (ignored, as
+verl does). rljax's further inputs follow as keyword-only arguments: `values` [B, T],
+`reward_baselines` [B], `index` [B] (int group ids in [0, num_groups): the prompt each
+sample came from; verl takes string uids), `num_groups`, and the `AdvantageParams` fields
+(`gamma`, `lam`, `epsilon`, `norm_adv_by_std_in_grpo`, `f_norm`). A hyper-parameter
+passed as an argument wins over `config`, which wins over the `AdvantageParams` default.
+`token_level_rewards` [B, T] carries an outcome reward on the last response token and
+`response_mask` [B, T] marks the sampled tokens. An estimator without **kwargs (GAE, GRPO,
+as in verl) rejects a misspelt name with a `TypeError`.
 
 Group statistics use `jax.ops.segment_sum` over `num_groups` segments: static, jit-able;
 `num_groups` defaults to B (always enough, since ids are < B after a re-index). Outcome
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import jax
@@ -111,42 +115,71 @@ def compute_advantages(
     return spec(inputs, AdvantageParams(gamma=gamma, lam=lam, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo))
 
 
-def _keyword_signature(needs_critic: bool, needs_greedy_baseline: bool, uses_groups: bool) -> inspect.Signature:
-    """verl's signature: the needed arrays positionally, in verl's order (token_level_rewards,
-    values, reward_baselines, response_mask, index), then every other known name as a keyword."""
-    needed = {"values": needs_critic, "reward_baselines": needs_greedy_baseline, "index": uses_groups}
-    positional = ["token_level_rewards", *(n for n in ("values", "reward_baselines") if needed[n]), "response_mask",
-                  *(["index"] if uses_groups else [])]  # fmt: skip
+_ARRAYS = ("token_level_rewards", "values", "reward_baselines", "response_mask", "index")
+_VERL_DEFAULTS = {"epsilon": 1e-6, "norm_adv_by_std_in_grpo": True, "f_norm": 1.0, "alpha": 1.0, "config": None}
+_FROM_CONFIG = ("gamma", "lam", "norm_adv_by_std_in_grpo")  # AlgoConfig attributes an estimator reads
+
+
+def _verl_signature(
+    verl_params: tuple[str, ...] | None, verl_kwargs: bool, needs_critic: bool, needs_greedy_baseline: bool,
+    uses_groups: bool,
+) -> inspect.Signature:  # fmt: skip
+    """verl's parameters (`verl_params`, in its order; None: the needed arrays in verl's order
+    and `config`), then rljax's other inputs keyword-only, then verl's **kwargs if it has them."""
+    if verl_params is None:
+        needed = {"values": needs_critic, "reward_baselines": needs_greedy_baseline, "index": uses_groups}
+        verl_params = (*(n for n in _ARRAYS if needed.get(n, True)), "config")
     P = inspect.Parameter
-    optional = [n for n, needs in needed.items() if not needs] + ["num_groups"]
-    return inspect.Signature(
-        [P(n, P.POSITIONAL_OR_KEYWORD) for n in positional]
-        + [P(n, P.KEYWORD_ONLY, default=None) for n in optional]
-        + [P(f.name, P.KEYWORD_ONLY, default=f.default) for f in dataclasses.fields(AdvantageParams)]
-    )
+    params = [P(n, P.POSITIONAL_OR_KEYWORD, **({"default": _VERL_DEFAULTS[n]} if n in _VERL_DEFAULTS else {}))
+              for n in verl_params]  # fmt: skip
+    extras = [*(n for n in _ARRAYS if n not in verl_params), "num_groups"]
+    params += [P(n, P.KEYWORD_ONLY, default=None) for n in extras]
+    params += [P(f.name, P.KEYWORD_ONLY, default=f.default) for f in dataclasses.fields(AdvantageParams)
+               if f.name not in verl_params]  # fmt: skip
+    if verl_kwargs:
+        params.append(P("kwargs", P.VAR_KEYWORD))
+    return inspect.Signature(params)
+
+
+def _config_value(config: object, name: str) -> object:
+    """`config.name` or `config[name]` (verl's AlgoConfig or a mapping); None when absent."""
+    if isinstance(config, Mapping):
+        return config.get(name)
+    return getattr(config, name, None)
 
 
 def register_adv_est(
-    name: str,
+    name_or_enum: str,
     *,
     needs_critic: bool = False,
     needs_greedy_baseline: bool = False,
     uses_groups: bool = False,
     min_group_size: int = 1,
+    verl_params: tuple[str, ...] | None = None,
+    verl_kwargs: bool = False,
 ) -> Callable[[EstimatorCore], Callable[..., Pair]]:
-    """Decorator: register `core` as the estimator `name`, with what it needs, and return its
-    verl keyword function (which carries the core's name and docstring)."""
+    """Decorator: register `core` as the estimator `name_or_enum` (a name or a str-valued
+    enum), with what it needs, and return its verl function (which carries the core's name
+    and docstring). `verl_params` and `verl_kwargs` give verl's signature of that function
+    (see the module docstring); without them it takes the arrays it needs and `config`."""
+    name = getattr(name_or_enum, "value", name_or_enum)
 
     def decorator(core: EstimatorCore) -> Callable[..., Pair]:
-        signature = _keyword_signature(needs_critic, needs_greedy_baseline, uses_groups)
+        signature = _verl_signature(verl_params, verl_kwargs, needs_critic, needs_greedy_baseline, uses_groups)
 
         def estimator_fn(*args: object, **kwargs: object) -> Pair:
-            arguments = signature.bind(*args, **kwargs)  # a misspelt or missing argument: TypeError
-            arguments.apply_defaults()
-            a = arguments.arguments
+            bound = signature.bind(*args, **kwargs)  # a misspelt or missing argument: TypeError
+            passed = set(bound.arguments)
+            bound.apply_defaults()
+            a = bound.arguments
+            config = a.get("config")
+            hyper = {}
+            for f in dataclasses.fields(AdvantageParams):
+                from_config = _config_value(config, f.name) if config is not None and f.name in _FROM_CONFIG else None
+                hyper[f.name] = a[f.name] if f.name in passed or from_config is None else from_config
             inputs = AdvantageInputs(a["token_level_rewards"], a["response_mask"], a["values"], a["index"],
                                      a["reward_baselines"], a["num_groups"])  # fmt: skip
-            return spec(inputs, AdvantageParams(**{f.name: a[f.name] for f in dataclasses.fields(AdvantageParams)}))
+            return spec(inputs, AdvantageParams(**hyper))
 
         estimator_fn.__name__ = estimator_fn.__qualname__ = core.__name__
         estimator_fn.__doc__ = core.__doc__
@@ -205,8 +238,11 @@ def _broadcast(per_sequence: jax.Array, response_mask: ArrayLike) -> jax.Array:
 
 # --------------------------------------------------------------------------- GAE
 
+_GROUP = ("token_level_rewards", "response_mask", "index", "epsilon")  # verl's leading group-estimator params
 
-@register_adv_est("gae", needs_critic=True)
+
+@register_adv_est("gae", needs_critic=True,
+                  verl_params=("token_level_rewards", "values", "response_mask", "gamma", "lam"))
 def compute_gae_advantage_return(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """Generalised Advantage Estimation, multi-turn safe, then whitened.
 
@@ -257,7 +293,8 @@ def _group_centred(inputs: AdvantageInputs, epsilon: float, by_std: bool) -> Pai
     return adv, adv
 
 
-@register_adv_est("grpo", uses_groups=True, min_group_size=2)
+@register_adv_est("grpo", uses_groups=True, min_group_size=2,
+                  verl_params=(*_GROUP, "norm_adv_by_std_in_grpo", "config"))
 def compute_grpo_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """GRPO outcome advantage:  A_i = (s_i - mean_g) / (std_g + epsilon), broadcast over tokens.
 
@@ -279,7 +316,8 @@ def compute_dr_grpo_outcome_advantage(inputs: AdvantageInputs, params: Advantage
     return _group_centred(inputs, params.epsilon, by_std=False)
 
 
-@register_adv_est("grpo_passk", uses_groups=True, min_group_size=2)
+@register_adv_est("grpo_passk", uses_groups=True, min_group_size=2,
+                  verl_params=(*_GROUP, "norm_adv_by_std_in_grpo", "config"), verl_kwargs=True)
 def compute_grpo_passk_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """Pass@k advantage: only the best sample of a group gets a nonzero advantage,
 
@@ -311,7 +349,7 @@ def compute_grpo_passk_outcome_advantage(inputs: AdvantageInputs, params: Advant
     return adv, adv
 
 
-@register_adv_est("rloo", uses_groups=True)
+@register_adv_est("rloo", uses_groups=True, verl_params=(*_GROUP, "config"), verl_kwargs=True)
 def compute_rloo_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """RLOO: leave-one-out baseline,  A_i = s_i - (sum_{j in g, j != i} s_j) / (n - 1)
     = n/(n-1) (s_i - mean_g); a single-sample group keeps A_i = s_i (verl). Broadcast over
@@ -329,7 +367,7 @@ def compute_rloo_outcome_advantage(inputs: AdvantageInputs, params: AdvantagePar
     return adv, adv
 
 
-@register_adv_est("opo", uses_groups=True)
+@register_adv_est("opo", uses_groups=True, verl_params=(*_GROUP, "config"), verl_kwargs=True)
 def compute_opo_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """OPO: length-weighted group baseline,  A_i = s_i - sum_g(|y_j| s_j) / sum_g |y_j|
     (baseline 0 for a single-sample group, verl).
@@ -350,12 +388,13 @@ def compute_opo_outcome_advantage(inputs: AdvantageInputs, params: AdvantagePara
     return adv, adv
 
 
-@register_adv_est("gpg", uses_groups=True)
+@register_adv_est("gpg", uses_groups=True,
+                  verl_params=(*_GROUP, "f_norm", "alpha", "config"), verl_kwargs=True)
 def compute_gpg_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """GPG advantage:  A_i = alpha (s_i - mean_g) / f_norm,  alpha = B / max(#{i: s_i != 0}, 1).
 
-    alpha rescales the batch gradient for samples with a zero score (as verl, which computes
-    alpha this way whatever `alpha` argument it is given). A_i is broadcast over the sampled
+    alpha rescales the batch gradient for samples with a zero score (computed this way
+    whatever `alpha` argument is given, as verl does). A_i is broadcast over the sampled
     tokens of every turn; masked (prompt, observation, padding) tokens get 0. Sources: Chu et
     al. 2025, arXiv:2504.02546; verl `compute_gpg_outcome_advantage`.
     """
@@ -400,7 +439,8 @@ def discounted_returns(token_level_rewards: ArrayLike, response_mask: ArrayLike,
     return returns_t.T
 
 
-@register_adv_est("reinforce_plus_plus")
+@register_adv_est("reinforce_plus_plus", verl_params=("token_level_rewards", "response_mask", "config"),
+                  verl_kwargs=True)
 def compute_reinforce_plus_plus_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """REINFORCE++:  A = masked_whiten(G) * m, with G the discounted return (batch whitening
     over the sampled tokens).
@@ -417,7 +457,8 @@ def compute_reinforce_plus_plus_outcome_advantage(inputs: AdvantageInputs, param
     return masked_whiten(returns, mask) * mask, returns
 
 
-@register_adv_est("reinforce_plus_plus_baseline", uses_groups=True)
+@register_adv_est("reinforce_plus_plus_baseline", uses_groups=True, verl_params=(*_GROUP, "config"),
+                  verl_kwargs=True)
 def compute_reinforce_plus_plus_baseline_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """REINFORCE++-baseline:  A = masked_whiten((s_i - mean_g) m) * m  (group mean, then
     batch whitening over the sampled tokens; no discount, gamma is not used, as verl).
@@ -434,7 +475,8 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(inputs: AdvantageInpu
     return adv, adv
 
 
-@register_adv_est("remax", needs_greedy_baseline=True)
+@register_adv_est("remax", needs_greedy_baseline=True,
+                  verl_params=("token_level_rewards", "reward_baselines", "response_mask", "config"), verl_kwargs=True)
 def compute_remax_outcome_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> Pair:
     """ReMax:  G_t = m_t sum_{t' >= t} m r,  A_t = (G_t - b) m_t  with b the reward of the
     greedy response (`reward_baselines` [B]); undiscounted.

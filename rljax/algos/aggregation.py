@@ -21,11 +21,16 @@ Source: verl `core_algos.agg_loss` (token-mean, seq-mean-token-sum, seq-mean-tok
 as there). For seq-mean-token-sum-norm we follow the Dr. GRPO paper (Liu et al. 2025,
 "Understanding R1-Zero-Like Training", arXiv:2503.20783): each sequence's token sum is
 divided by a constant `C` (default: the padded length T, verl's default for its
-`loss_scale_factor`) and sequences are averaged. verl's current `agg_loss` omits the
-division by the number of sequences, which makes that mode's scale depend on how the
-batch is cut into micro-batches; here the scale is global. `C` must be the same constant
-in every micro-batch: pass `loss_scale_factor` explicitly (e.g. the max response length)
-when micro-batches may have different padded lengths.
+`loss_scale_factor`) and sequences are averaged. `C` must be the same constant in every
+micro-batch: pass `loss_scale_factor` explicitly (e.g. the max response length) when
+micro-batches may have different padded lengths.
+
+verl's global-batch arguments (`agg_loss(..., dp_size, batch_num_tokens,
+global_batch_size)`, and the `global_batch_info` of its actor config) name the global
+denominator the other way: verl divides by the global count (tokens for token-mean,
+sequences otherwise) and multiplies by `dp_size`, because data-parallel replicas average
+their gradients. `verl_global_denominator` turns them into the `global_denominator` used
+here (count / dp_size), so both spellings give the same number.
 
 How a train step uses this (the protocol, in one place):
 
@@ -151,22 +156,51 @@ def agg_denominator(loss_mask: ArrayLike, loss_agg_mode: str = "token-mean") -> 
     return agg_loss_terms(jnp.zeros_like(mask), mask, loss_agg_mode).denominator
 
 
+def verl_global_denominator(
+    loss_agg_mode: str,
+    dp_size: int = 1,
+    batch_num_tokens: ArrayLike | None = None,
+    global_batch_size: ArrayLike | None = None,
+) -> ArrayLike | None:
+    """The `global_denominator` equal to verl's global-batch arguments, or None (local).
+
+    verl's `agg_loss` gives numerator / N * dp_size, with N = `batch_num_tokens` for
+    token-mean and `global_batch_size` (sequences) for the seq-mean modes, each defaulting
+    to the local count when `dp_size` is 1 and required when it is larger (a `ValueError`,
+    as verl). That is numerator / (N / dp_size).
+    """
+    name = "batch_num_tokens" if loss_agg_mode == "token-mean" else "global_batch_size"
+    count = batch_num_tokens if loss_agg_mode == "token-mean" else global_batch_size
+    if count is None:
+        if dp_size > 1:
+            raise ValueError(f"{name} (of the global batch) is required when dp_size > 1 ({loss_agg_mode})")
+        return None
+    return count / dp_size if dp_size != 1 else count
+
+
 def agg_loss(
     loss_mat: ArrayLike,
     loss_mask: ArrayLike,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: str,
+    dp_size: int = 1,
+    batch_num_tokens: ArrayLike | None = None,
+    global_batch_size: ArrayLike | None = None,
+    loss_scale_factor: float | None = None,
     *,
     global_denominator: ArrayLike | None = None,
-    loss_scale_factor: float | None = None,
 ) -> jax.Array:
-    """Aggregate a [B, T] loss matrix into a scalar (verl `core_algos.agg_loss`).
+    """Aggregate a [B, T] loss matrix into a scalar (verl `core_algos.agg_loss`, same signature).
 
     loss = numerator / denominator of `agg_loss_terms`. If `global_denominator` is given
     (the denominator of the whole global mini-batch, see `agg_denominator`), the loss is
     numerator / global_denominator instead, so that the losses of micro-batches add up to
-    the loss of the mini-batch. An empty batch (denominator 0) gives 0.
+    the loss of the mini-batch. verl's `dp_size`, `batch_num_tokens` and
+    `global_batch_size` say the same (see `verl_global_denominator`); `global_denominator`
+    wins when both are given. An empty batch (denominator 0) gives 0.
     """
     terms = agg_loss_terms(loss_mat, loss_mask, loss_agg_mode, loss_scale_factor)
+    if global_denominator is None:
+        global_denominator = verl_global_denominator(loss_agg_mode, dp_size, batch_num_tokens, global_batch_size)
     if global_denominator is None:
         return terms.value
     return safe_divide(terms.numerator, global_denominator)
@@ -195,4 +229,5 @@ __all__ = [
     "seq_mean_token_sum_norm_terms",
     "seq_mean_token_sum_terms",
     "token_mean_terms",
+    "verl_global_denominator",
 ]

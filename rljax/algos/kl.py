@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -95,7 +95,7 @@ kl_k3_plus = register_kl_estimator("low_var_kl+", "k3+")(straight_through(kl_k3)
 FULL_KL = "full"
 
 
-def kl_penalty(logprob: ArrayLike, ref_logprob: ArrayLike, kl_penalty: str = "kl") -> jax.Array:
+def kl_penalty(logprob: ArrayLike, ref_logprob: ArrayLike, kl_penalty: str) -> jax.Array:
     """Per-token KL estimate [B, T] by estimator name (see the module docstring; verl)."""
     if kl_penalty == FULL_KL:
         raise ValueError('the "full" KL needs the logits of both models, not log-probs: use kl_from_hidden '
@@ -255,17 +255,25 @@ class AdaptiveKLController:
         return dataclasses.replace(self, value=self.value * (1.0 + error * n_steps / self.horizon))
 
 
-def get_kl_controller(
-    type: str = "fixed", kl_coef: float = 0.001, target_kl: float = 0.1, horizon: float = 10000
-) -> FixedKLController | AdaptiveKLController:
-    """The controller named by verl's `algorithm.kl_ctrl.type` ("fixed" or "adaptive")."""
+def get_kl_controller(kl_ctrl: Any) -> FixedKLController | AdaptiveKLController:
+    """The controller named by verl's `algorithm.kl_ctrl` (same signature as verl's).
+
+    `kl_ctrl` has verl's `KLControlConfig` attributes (or keys): `type` ("fixed" or
+    "adaptive"), `kl_coef`, and for "adaptive" `target_kl` and `horizon`.
+    """
+
+    def field(name: str) -> Any:
+        return kl_ctrl[name] if isinstance(kl_ctrl, Mapping) else getattr(kl_ctrl, name)
+
     controllers = {
-        "fixed": lambda: FixedKLController(value=kl_coef),
-        "adaptive": lambda: AdaptiveKLController(value=kl_coef, target=target_kl, horizon=horizon),
+        "fixed": lambda: FixedKLController(value=field("kl_coef")),
+        "adaptive": lambda: AdaptiveKLController(value=field("kl_coef"), target=field("target_kl"),
+                                                 horizon=field("horizon")),
     }
-    if type not in controllers:
-        raise ValueError(f"Unknown KL controller type {type!r}. Valid types: {sorted(controllers)}")
-    return controllers[type]()
+    kind = field("type")
+    if kind not in controllers:
+        raise ValueError(f"Unknown KL controller type {kind!r}. Valid types: {sorted(controllers)}")
+    return controllers[kind]()
 
 
 __all__ = [

@@ -6,16 +6,17 @@ A loss is written as its core formula, per token:
 
 and `register_policy_loss` turns it into the public function with verl's signature
 
-    fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-       rollout_is_weights=None, *, key=None, global_denominator=None, return_terms=False)
-       -> (pg_loss, metrics)
+    fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+       config=None, rollout_is_weights=None, *, key=None, global_denominator=None,
+       return_terms=False) -> (pg_loss, metrics)
 
-which does what every loss shares: it multiplies the per-token losses by the rollout IS
+(REINFORCE names its first argument `rollout_log_prob`, and GSPO's default mode is
+"seq-mean-token-mean", as in verl), which does what every loss shares: it multiplies the per-token losses by the rollout IS
 weights (rollout correction; constants, no gradient), aggregates them (`agg_loss_terms`),
 honours `global_denominator` / `return_terms` and records `actor/pg_loss`. All arrays are
 [B, T] and aligned with `input_ids` (entry t is about token t, see
 `rljax.algos.log_probs.token_log_probs`); `config` is a `PolicyLossConfig` (None: its
-defaults). With `return_terms=True` the first result is an `AggTerms(numerator,
+defaults), a mapping of its fields, or verl's actor config (`PolicyLossConfig.of`). With `return_terms=True` the first result is an `AggTerms(numerator,
 denominator)` instead of the scalar (see `rljax.algos.aggregation` for the micro-batch
 protocol); with `global_denominator=D` it is numerator / D. Metrics are jnp scalars named
 as in verl (`actor/pg_loss`, `actor/pg_clipfrac`, `actor/pg_clipfrac_lower`,
@@ -32,6 +33,7 @@ Log-ratios log pi - log pi_old are clamped to [-20, 20] before `exp` where verl 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,9 +42,15 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
 
-from rljax.algos.aggregation import AggTerms, agg_denominator, agg_loss_terms, finish_loss
+from rljax.algos.aggregation import (
+    AggTerms,
+    agg_denominator,
+    agg_loss_terms,
+    finish_loss,
+    verl_global_denominator,
+)
 from rljax.algos.masked import as_float, masked_mean, masked_sum
-from rljax.algos.registry import POLICY_LOSS_REGISTRY, get_policy_loss_fn
+from rljax.algos.registry import POLICY_LOSS_REGISTRY
 
 Metrics = dict[str, jax.Array]
 LossOut = tuple[jax.Array | AggTerms, Metrics]
@@ -50,6 +58,18 @@ TokenLosses = tuple[jax.Array, Metrics]  # ([B, T] per-token losses, metrics)
 
 LOG_RATIO_CLAMP = 20.0  # verl clamps negative_approx_kl to [-20, 20] before exp
 sg = jax.lax.stop_gradient
+
+
+_ACTOR_FIELDS = ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_scale_factor")
+_POLICY_LOSS_FIELDS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef")
+_GLOBAL_BATCH_FIELDS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
+
+
+def _read(config: Any, name: str) -> Any:
+    """`config.name` or `config[name]`; None when it has neither."""
+    if isinstance(config, Mapping):
+        return config.get(name)
+    return getattr(config, name, None)
 
 
 @dataclass(frozen=True)
@@ -66,23 +86,48 @@ class PolicyLossConfig:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 0.0002
     ppo_kl_coef: float = 1.0
+    dp_size: int = 1  # verl's global_batch_info: data-parallel replicas (see verl_global_denominator)
+    batch_num_tokens: float | None = None  # verl's global_batch_info: loss tokens of the global batch
+    global_batch_size: float | None = None  # verl's global_batch_info: sequences of the global batch
 
     @classmethod
-    def of(cls, config: PolicyLossConfig | Mapping[str, Any] | None) -> PolicyLossConfig:
-        """`config` as a `PolicyLossConfig`: None gives the defaults, a mapping names fields
-        (an unknown name is a `TypeError`, not silently ignored)."""
+    def of(cls, config: Any) -> PolicyLossConfig:
+        """`config` as a `PolicyLossConfig`.
+
+        None gives the defaults. A mapping without a `policy_loss` key names this class's
+        fields (an unknown name is a `TypeError`, not silently ignored). Anything else is
+        read as verl's actor config (its `ActorConfig`, an omegaconf `DictConfig`, rljax's
+        `rl.actor_config.ActorConfig`, or any object or mapping with those names):
+        `clip_ratio`, `clip_ratio_low`, `clip_ratio_high`, `clip_ratio_c`,
+        `loss_scale_factor`, the `policy_loss` sub-config's `clip_cov_ratio`,
+        `clip_cov_lb`, `clip_cov_ub`, `kl_cov_ratio`, `ppo_kl_coef`, and `global_batch_info`
+        (`dp_size`, `batch_num_tokens`, `global_batch_size`, `loss_scale_factor`). A
+        name that is absent or None takes this class's default, as verl's losses do;
+        other attributes of the actor config are not the losses' business and are not read.
+        """
         if config is None:
             return cls()
-        if isinstance(config, Mapping):
-            return cls(**config)
         if isinstance(config, cls):
             return config
-        raise TypeError(f"a policy loss config is a PolicyLossConfig, a mapping or None, got {type(config).__name__}")
+        if isinstance(config, Mapping) and "policy_loss" not in config:
+            return cls(**config)
+        values: dict[str, Any] = {name: _read(config, name) for name in _ACTOR_FIELDS}
+        sub = _read(config, "policy_loss")
+        if sub is not None:
+            values.update({name: _read(sub, name) for name in _POLICY_LOSS_FIELDS})
+        batch_info = _read(config, "global_batch_info")
+        if batch_info is not None:
+            values.update({name: v for name in _GLOBAL_BATCH_FIELDS if (v := _read(batch_info, name)) is not None})
+        return cls(**{name: v for name, v in values.items() if v is not None})
 
     def clip_bounds(self) -> tuple[float, float]:
         """(clip_ratio_low, clip_ratio_high), each defaulting to `clip_ratio` (verl)."""
         low, high = self.clip_ratio_low, self.clip_ratio_high
         return (self.clip_ratio if low is None else low), (self.clip_ratio if high is None else high)
+
+    def global_denominator(self, loss_agg_mode: str) -> ArrayLike | None:
+        """The global denominator its verl global-batch fields name for `loss_agg_mode`, or None."""
+        return verl_global_denominator(loss_agg_mode, self.dp_size, self.batch_num_tokens, self.global_batch_size)
 
 
 # --------------------------------------------------------------------------- registration
@@ -127,42 +172,61 @@ class PolicyLoss:
         return agg_denominator(response_mask, self.agg_mode(loss_agg_mode))
 
 
+def _loss_signature(first_arg: str, default_agg_mode: str) -> inspect.Signature:
+    """verl's policy-loss signature (`first_arg`: "old_log_prob", or REINFORCE's
+    "rollout_log_prob"), then rljax's keyword-only extras."""
+    P = inspect.Parameter
+    arrays = [first_arg, "log_prob", "advantages", "response_mask"]
+    return inspect.Signature(
+        [P(n, P.POSITIONAL_OR_KEYWORD) for n in arrays]
+        + [P("loss_agg_mode", P.POSITIONAL_OR_KEYWORD, default=default_agg_mode),
+           P("config", P.POSITIONAL_OR_KEYWORD, default=None),
+           P("rollout_is_weights", P.POSITIONAL_OR_KEYWORD, default=None)]
+        + [P(n, P.KEYWORD_ONLY, default=d) for n, d in (("key", None), ("global_denominator", None),
+                                                        ("return_terms", False))]
+    )  # fmt: skip
+
+
 def register_policy_loss(
     name: str,
     *,
     default_agg_mode: str = "token-mean",
     fixed_agg_mode: str | None = None,
     is_weights: WeightsFn = per_token_weights,
+    first_arg: str = "old_log_prob",
 ) -> Callable[[Core], Callable[..., LossOut]]:
     """Decorator: register `core` as the policy loss `name` and return its public function
-    (see the module docstring), which carries the core's name and docstring."""
+    (see the module docstring), which carries the core's name and docstring.
+
+    `default_agg_mode` is the public function's default `loss_agg_mode` and `first_arg` the
+    name of its first argument (both as verl's function of that name); `fixed_agg_mode`,
+    when set, is used whatever the caller asks."""
 
     def decorator(core: Core) -> Callable[..., LossOut]:
-        def loss_fn(
-            old_log_prob: ArrayLike,
-            log_prob: ArrayLike,
-            advantages: ArrayLike,
-            response_mask: ArrayLike,
-            loss_agg_mode: str = fixed_agg_mode or default_agg_mode,
-            config: PolicyLossConfig | Mapping[str, Any] | None = None,
-            rollout_is_weights: ArrayLike | None = None,
-            *,
-            key: jax.Array | None = None,
-            global_denominator: ArrayLike | None = None,
-            return_terms: bool = False,
-        ) -> LossOut:
-            config = PolicyLossConfig.of(config)
-            old_log_prob, log_prob, advantages = as_float(old_log_prob), as_float(log_prob), as_float(advantages)
-            pg_losses, metrics = core(old_log_prob, log_prob, advantages, response_mask, config, key)  # [B, T]
+        signature = _loss_signature(first_arg, default_agg_mode)
+
+        def loss_fn(*args: Any, **kwargs: Any) -> LossOut:
+            bound = signature.bind(*args, **kwargs)  # a misspelt or missing argument: TypeError
+            bound.apply_defaults()
+            a = bound.arguments
+            config = PolicyLossConfig.of(a["config"])
+            mode = fixed_agg_mode or a["loss_agg_mode"]
+            old_log_prob, log_prob, advantages = (as_float(a[n]) for n in (first_arg, "log_prob", "advantages"))
+            response_mask, rollout_is_weights = a["response_mask"], a["rollout_is_weights"]
+            pg_losses, metrics = core(old_log_prob, log_prob, advantages, response_mask, config, a["key"])  # [B, T]
             if rollout_is_weights is not None:
                 pg_losses = pg_losses * is_weights(sg(as_float(rollout_is_weights)), response_mask)
-            terms = agg_loss_terms(pg_losses, response_mask, fixed_agg_mode or loss_agg_mode, config.loss_scale_factor)
-            out = finish_loss(terms, global_denominator, return_terms)
-            metrics["actor/pg_loss"] = sg(terms.value if return_terms else out)
+            terms = agg_loss_terms(pg_losses, response_mask, mode, config.loss_scale_factor)
+            global_denominator = a["global_denominator"]
+            if global_denominator is None:
+                global_denominator = config.global_denominator(mode)
+            out = finish_loss(terms, global_denominator, a["return_terms"])
+            metrics["actor/pg_loss"] = sg(terms.value if a["return_terms"] else out)
             return out, metrics
 
         loss_fn.__name__ = loss_fn.__qualname__ = core.__name__
         loss_fn.__doc__ = core.__doc__
+        loss_fn.__signature__ = signature  # type: ignore[attr-defined]
         POLICY_LOSS_REGISTRY.add(PolicyLoss(name, core, fixed_agg_mode, is_weights, loss_fn), name)
         return loss_fn
 
@@ -212,7 +276,7 @@ def compute_policy_loss_vanilla(
     return pg_losses, metrics
 
 
-@register_policy_loss("gspo", fixed_agg_mode="seq-mean-token-mean")
+@register_policy_loss("gspo", default_agg_mode="seq-mean-token-mean", fixed_agg_mode="seq-mean-token-mean")
 def compute_policy_loss_gspo(
     old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
     config: PolicyLossConfig, key: jax.Array | None,
@@ -259,14 +323,15 @@ def compute_policy_loss_gpg(
     return -log_prob * advantages, {}
 
 
-@register_policy_loss("reinforce", default_agg_mode="seq-mean-token-sum")
+@register_policy_loss("reinforce", default_agg_mode="seq-mean-token-sum", first_arg="rollout_log_prob")
 def compute_policy_loss_reinforce(
     old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
     config: PolicyLossConfig, key: jax.Array | None,
 ) -> TokenLosses:  # fmt: skip
     """REINFORCE:  L = -w A log pi, with w the (constant) rollout IS weight when given.
 
-    `old_log_prob` (the behaviour / rollout policy) only feeds the `actor/ppo_kl` metric.
+    `rollout_log_prob` (the behaviour / rollout policy; verl's name for the first argument)
+    only feeds the `actor/ppo_kl` metric.
     Source: Williams 1992; verl `compute_policy_loss_reinforce` (its default aggregation
     "seq-mean-token-sum" is kept as this function's default).
     """
@@ -446,9 +511,29 @@ def compute_policy_loss_geo_mean(
     return jnp.broadcast_to(seq_losses[:, None], mask.shape), metrics
 
 
-def compute_policy_loss(loss_mode: str, *args: Any, **kwargs: Any) -> LossOut:
-    """Dispatch to the policy loss registered as `loss_mode` (e.g. "vanilla", "gspo")."""
-    return get_policy_loss_fn(loss_mode)(*args, **kwargs)
+def compute_policy_loss(
+    old_log_prob: ArrayLike,
+    log_prob: ArrayLike,
+    advantages: ArrayLike,
+    response_mask: ArrayLike,
+    cliprange: float | None = None,
+    cliprange_low: float | None = None,
+    cliprange_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "token-mean",
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """verl's older PPO-loss function: `compute_policy_loss_vanilla` with its knobs as
+    arguments, returning (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower).
+
+    `cliprange_low` / `cliprange_high` default to `cliprange`; a bound left without a value
+    is a `ValueError`. Same signature and results as verl `core_algos.compute_policy_loss`.
+    """
+    if cliprange is None and (cliprange_low is None or cliprange_high is None):
+        raise ValueError("cliprange is required unless both cliprange_low and cliprange_high are given")
+    config = PolicyLossConfig(clip_ratio=0.0 if cliprange is None else cliprange, clip_ratio_low=cliprange_low,
+                              clip_ratio_high=cliprange_high, clip_ratio_c=clip_ratio_c)  # fmt: skip
+    loss, metrics = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config)
+    return loss, metrics["actor/pg_clipfrac"], metrics["actor/ppo_kl"], metrics["actor/pg_clipfrac_lower"]
 
 
 __all__ = [

@@ -95,9 +95,10 @@ def get_adv_estimator(name: str) -> AdvantageEstimator:
     return ADV_ESTIMATOR_REGISTRY.get_fn(name)
 
 
-def get_adv_estimator_fn(name: str) -> Callable[..., Any]:
-    """verl's keyword function of the advantage estimator `name` (e.g. "gae", "grpo", "rloo")."""
-    return get_adv_estimator(name).fn
+def get_adv_estimator_fn(name_or_enum: str) -> Callable[..., Any]:
+    """verl's function of the advantage estimator `name_or_enum` (e.g. "gae", "grpo", "rloo",
+    or a str-valued enum such as verl's `AdvantageEstimator.GRPO`)."""
+    return get_adv_estimator(name_or_enum).fn
 
 
 def register_kl_estimator(*names: str) -> Callable[[F], F]:

@@ -83,8 +83,9 @@ def compute_rollout_correction_weights(
     response_mask: ArrayLike,
     rollout_is: str = "token",
     rollout_is_threshold: float = 2.0,
-    rollout_is_mode: str = "truncate",
     rollout_is_batch_normalize: bool = False,
+    *,
+    rollout_is_mode: str = "truncate",
 ) -> tuple[jax.Array, jax.Array, Metrics]:
     """Importance weights pi_train / pi_rollout at level `rollout_is` (see module docstring).
 
@@ -245,14 +246,17 @@ def compute_rollout_rejection_mask(
     log_ratio: ArrayLike,
     response_mask: ArrayLike,
     rollout_rs: str = "token_k1",
-    rollout_rs_threshold: str | float = 2.0,
+    rollout_rs_threshold: str | float | None = None,
 ) -> tuple[jax.Array, Metrics]:
     """Hard trust-region rejection: 0 in the returned mask where an option fails.
 
     Returns (modified_response_mask, metrics). Per option: `rollout_rs_{opt}_mean`,
     `_max`, `_min`, `_masked_fraction`, `_seq_masked_fraction`; overall
     `rollout_rs_masked_fraction` and `rollout_rs_seq_masked_fraction` (verl names).
+    `rollout_rs_threshold` is required (None: a `ValueError`, as verl).
     """
+    if rollout_rs_threshold is None:
+        raise ValueError("rollout_rs_threshold must be given for rejection sampling")
     options = parse_rollout_rs(rollout_rs, rollout_rs_threshold)
     log_ratio = jax.lax.stop_gradient(as_float(log_ratio))
     mask = as_float(response_mask).astype(log_ratio.dtype)
@@ -362,10 +366,11 @@ def compute_rollout_correction_and_rejection_mask(
     response_mask: ArrayLike,
     rollout_is: str | None = None,
     rollout_is_threshold: float = 2.0,
-    rollout_is_mode: str = "truncate",
     rollout_is_batch_normalize: bool = False,
     rollout_rs: str | None = None,
     rollout_rs_threshold: str | float | None = None,
+    *,
+    rollout_is_mode: str = "truncate",
     rollout_is_veto_threshold: float | None = None,
 ) -> tuple[jax.Array | None, jax.Array, Metrics]:
     """IS weights, rejection mask and diagnostics in one call (verl's unified entry point).
@@ -392,7 +397,8 @@ def compute_rollout_correction_and_rejection_mask(
     modified = mask
     if rollout_is is not None:
         weights, keep, is_metrics = compute_rollout_correction_weights(
-            log_ratio, mask, rollout_is, rollout_is_threshold, rollout_is_mode, rollout_is_batch_normalize
+            log_ratio, mask, rollout_is, rollout_is_threshold, rollout_is_batch_normalize,
+            rollout_is_mode=rollout_is_mode,
         )
         modified = modified * keep
         metrics.update(is_metrics)

@@ -24,6 +24,7 @@ import jax
 from flax import nnx
 
 from rljax.hostsync import allgather_objects
+from rljax.metrics import reduce_metrics
 from rljax.rl.main_thread import MainThreadCalls
 from rljax.rl.scoring import ScoredRollout
 from rljax.rollout.assign import Assignment, Group, assign_groups
@@ -43,24 +44,12 @@ def select(prompts: dict[str, list], indices: Sequence[int]) -> dict[str, list]:
 
 def merge_rollouts(parts: Sequence[ScoredRollout], sizes: Sequence[int]) -> ScoredRollout:
     """One rollout from per-replica parts (samples and records concatenated in the given
-    order). Metrics: `.../max` and `.../min` keys take the max / min over parts, every
-    other key the mean of the parts' values weighted by their numbers of prompts (the
-    parts' metrics are means over their own prompts)."""
+    order). Metrics combine by their declared reductions (`rljax.metrics.reduce_metrics`):
+    means weighted by the parts' numbers of prompts (`sizes`; every prompt has the same
+    number of samples), counts summed, maxima and minima kept."""
     samples = [s for part in parts for s in part.samples]
     records = [r for part in parts for r in part.records]
-    metrics: dict[str, float] = {}
-    keys = sorted({k for part in parts for k in part.metrics})
-    for key in keys:
-        values = [(part.metrics[key], size) for part, size in zip(parts, sizes) if key in part.metrics and size]
-        if not values:
-            continue
-        if key.endswith("/max"):
-            metrics[key] = max(v for v, _ in values)
-        elif key.endswith("/min"):
-            metrics[key] = min(v for v, _ in values)
-        else:
-            metrics[key] = sum(v * n for v, n in values) / sum(n for _, n in values)
-    return ScoredRollout(samples, metrics, records)
+    return ScoredRollout(samples, reduce_metrics([part.metrics for part in parts], sizes), records)
 
 
 class ReplicatedRollout:

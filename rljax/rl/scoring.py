@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rljax.metrics import reduce_metrics
 from rljax.rewards.overlong import apply_overlong_penalty
 from rljax.rl.batch import Sample
 from rljax.rl.config import OverlongBufferConfig, RLConfig
@@ -134,10 +135,13 @@ def dynamic_sampling(
     """Generate rounds until `num_groups` informative groups (whose `metric` varies, see
     `group_metric`) are collected (DAPO §3.2), at most `max_rounds`; a short batch is
     topped up with uninformative groups so the batch shape never changes (counted in
-    `train/filter_groups_underfilled`)."""
+    `train/filter_groups_underfilled`). The rounds' metrics combine by their declared
+    reductions (`rljax.metrics.reduce_metrics`), a round's means weighted by its samples:
+    a fraction stays a fraction over every generated sample, a count adds up."""
     kept_samples: list[Sample] = []
     spare: list[Sample] = []
-    metrics: dict[str, float] = {}
+    round_metrics: list[dict[str, float]] = []
+    round_sizes: list[int] = []
     records: list[dict] = []
     offset = rounds = 0
     kept_groups = 0
@@ -151,12 +155,13 @@ def dynamic_sampling(
         kept_samples += [s for s in rollout.samples if s.group_id in take]
         spare += [s for s in rollout.samples if s.group_id in set(dropped)]
         records += rollout.records
-        for k, v in rollout.metrics.items():
-            metrics[k] = metrics.get(k, 0.0) + v
+        round_metrics.append(rollout.metrics)
+        round_sizes.append(len(rollout.samples))
     missing = num_groups - kept_groups
     if missing:
         fill = sorted({s.group_id for s in spare})[:missing]
         kept_samples += [s for s in spare if s.group_id in set(fill)]
+    metrics = reduce_metrics(round_metrics, round_sizes)
     metrics["train/num_gen_batches"] = float(rounds)
     metrics["train/filter_groups_underfilled"] = float(missing)
     return ScoredRollout(kept_samples, metrics, records)

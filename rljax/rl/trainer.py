@@ -108,7 +108,7 @@ class RLTrainer:
         critic_graph = None if self.critic is None else self.critic.graphdef
         self.forwards = BatchForwards.of(cfg, self.actor.graphdef, critic_graph)
         self.agent_config = agent_config(cfg.agent) if cfg.agent else None
-        self.kl_ctrl = get_kl_controller(alg.kl_ctrl.type, alg.kl_ctrl.kl_coef, alg.kl_ctrl.target_kl, alg.kl_ctrl.horizon)
+        self.kl_ctrl = get_kl_controller(alg.kl_ctrl)
 
         self.generation = Generation(cfg, decoder, self.tokenizer, self.agent_config,
                                      lambda: self.actor.params, self.mesh)

@@ -296,7 +296,7 @@ def test_estimator_specs_declare_what_they_need():
 def test_a_misspelt_or_missing_keyword_is_an_error():
     r, m = outcome([1.0, 0.0]), np.ones((2, 3), np.float32)
     with pytest.raises(TypeError, match="gama"):
-        compute_gae_advantage_return(r, np.zeros_like(r), m, gama=0.9)
+        compute_gae_advantage_return(r, np.zeros_like(r), m, 0.9, 1.0, gama=0.9)
     with pytest.raises(TypeError, match="norm_adv_by_std"):
         get_adv_estimator_fn("grpo")(token_level_rewards=r, response_mask=m, index=np.array([0, 0]),
                                      norm_adv_by_std=False)  # fmt: skip

@@ -143,7 +143,7 @@ def test_mean_of_micro_batch_means_differs():
     @jax.jit
     def run(loss, mask):
         whole = agg_loss(loss, mask, "token-mean")  # (1 + 1 + 4) / 3 = 2
-        mean_of_means = (agg_loss(loss[:1], mask[:1]) + agg_loss(loss[1:], mask[1:])) / 2  # (1 + 4) / 2
+        mean_of_means = (agg_loss(loss[:1], mask[:1], "token-mean") + agg_loss(loss[1:], mask[1:], "token-mean")) / 2  # (1 + 4) / 2
         summed = add_terms(agg_loss_terms(loss[:1], mask[:1]), agg_loss_terms(loss[1:], mask[1:])).value
         return whole, mean_of_means, summed
 

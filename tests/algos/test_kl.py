@@ -2,6 +2,7 @@
 
 import functools
 import math
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -115,8 +116,11 @@ def test_controllers():
     # also with a jax scalar, inside jit
     value = jax.jit(lambda kl: ctrl.update(kl, 10).value)(jnp.float32(0.1))
     assert float(value) == pytest.approx(0.102)
-    assert isinstance(get_kl_controller("adaptive", 0.1, 0.05, 100), AdaptiveKLController)
+    # verl's signature: one attribute-style config (its KLControlConfig), or a mapping
+    adaptive = get_kl_controller(SimpleNamespace(type="adaptive", kl_coef=0.1, target_kl=0.05, horizon=100))
+    assert adaptive == AdaptiveKLController(value=0.1, target=0.05, horizon=100)
+    assert get_kl_controller({"type": "fixed", "kl_coef": 0.3}) == FixedKLController(0.3)
     with pytest.raises(ValueError, match="Valid types"):
-        get_kl_controller("pid")
+        get_kl_controller(SimpleNamespace(type="pid", kl_coef=0.1))
     with pytest.raises(ValueError, match="horizon"):
         AdaptiveKLController(0.1, 0.05, 0)

@@ -48,6 +48,27 @@ def test_dynamic_sampling_tops_up_when_rounds_run_out():
     assert out.metrics["train/filter_groups_underfilled"] == 1
 
 
+def test_dynamic_sampling_combines_round_metrics_by_their_reduction():
+    # two rounds of 4 samples: overlong 0.5 then 1.0 -> 0.75 over the 8 samples (not 1.5);
+    # errors 1 then 2 -> 3; a max stays the max; a mean is weighted by the rounds' samples
+    metrics = iter([{"reward/overlong_frac": 0.5, "reward/errors": 1.0, "agent/num_turns/max": 4.0,
+                     "agent/tool_use_rate": 0.25},
+                    {"reward/overlong_frac": 1.0, "reward/errors": 2.0, "agent/num_turns/max": 2.0,
+                     "agent/tool_use_rate": 1.0}])
+
+    def round_fn(prompts, offset):
+        rollout = _round([[1, 1], [0, 0]], offset) if offset == 0 else _round([[1, 0], [0, 1]], offset)
+        rollout.metrics = next(metrics)
+        return rollout
+
+    out = dynamic_sampling(lambda: None, round_fn, num_groups=2, max_rounds=2)
+    assert out.metrics["train/num_gen_batches"] == 2
+    assert out.metrics["reward/overlong_frac"] == 0.75
+    assert out.metrics["reward/errors"] == 3.0
+    assert out.metrics["agent/num_turns/max"] == 4.0
+    assert out.metrics["agent/tool_use_rate"] == 0.625
+
+
 def test_dynamic_sampling_filters_on_the_configured_metric():
     """`algorithm.filter_groups.metric=acc` compares the reward's `acc`, not the score:
     group 0's scores vary (a format bonus) but its accuracy does not, so it is dropped;
