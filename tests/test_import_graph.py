@@ -47,6 +47,7 @@ LAYERS: tuple[str, ...] = (
     "rljax.hostsync",  # host data shared by every process
     "rljax.checkpoint",  # orbax checkpoints, resume
     "rljax.tracking",  # metrics writers
+    "rljax.metrics",  # how step metrics combine
     # what a step is made of, in data-flow order
     "rljax.algos",  # losses, advantages, log-probs: pure math
     "rljax.models",  # the decoder, HF weights, LoRA
