@@ -10,7 +10,9 @@ several processes is computed from data every process holds. Three moves make th
   process holds in full (the RL batch): each process fills only its own shards.
 - `place_batch(batch, mesh)`: such a batch as global arrays split over data x fsdp.
 - `fetch(x)`: the full value of a global array as numpy on every process (log-probs and
-  values computed over the global mesh), without touching non-addressable devices.
+  values computed over the global mesh, a parameter being written to a file), without
+  touching non-addressable devices. Every process must fetch the same arrays in the same
+  order: gathering a sharded array is a collective.
 
 With one process each is a plain local operation.
 """
@@ -66,6 +68,8 @@ def fetch(x: jax.Array) -> np.ndarray:
     other processes' devices; a device-to-host copy otherwise)."""
     if getattr(x, "is_fully_addressable", True):
         return np.asarray(x)
+    if x.is_fully_replicated:  # every process holds all of it
+        return np.asarray(x.addressable_data(0))
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -58,8 +58,11 @@ def export_run(path: str, out: str, step: int | None = None, dtype: str | None =
 
 
 def main(args) -> int:
-    check_out(args.out, args.overwrite)
+    from rljax.distributed import initialize, print0
+
+    check_out(args.out, args.overwrite)  # before any process can write there
+    initialize()  # jax.distributed from RLJAX_* / TPU environment; no-op for one process
     path = export_run(args.checkpoint, args.out, step=args.step, dtype=args.dtype, max_shard_size=args.max_shard_size,
                       lora_format=args.lora_format)
-    print(f"wrote {path}")
+    print0(f"wrote {path}")
     return 0

@@ -7,6 +7,10 @@ from_pretrained(path)` loads offline with no missing or unexpected keys.
 `load_hf_reward_model(path)` reads a reward model `save_hf` exported (HF
 `*ForSequenceClassification`, one label) back into a `ScalarHeadModel`.
 
+Writing works on many processes: every process calls `save_hf` (a parameter sharded over
+several processes' devices is gathered one tensor at a time, `rljax.hostsync.fetch`),
+process 0 alone writes the files, and all return once the folder is complete.
+
 One table, `weight_map(config)`, names every tensor in both worlds and says how to turn
 one layout into the other; load, export and weight sync all read it.
 """
@@ -25,6 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rljax.distributed import is_coordinator, sync
+from rljax.hostsync import fetch
 from rljax.models.config import DTypePolicy, ModelConfig, UnsupportedModelError
 from rljax.models.heads import ScalarHeadModel
 from rljax.models.transformer import LAYER_PARAMS, Decoder, abstract_model
@@ -544,7 +550,8 @@ def _parse_size(size: int | str) -> int:
 
 def hf_tensors(model: Decoder, dtype: str | None = None, lm_head: bool = True) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, host array) for every parameter, one tensor at a time: a per-layer
-    parameter is sliced on device and only that slice comes to the host."""
+    parameter is sliced on device and only that slice comes to the host (gathered from
+    every process that holds a part of it: all processes iterate this together)."""
     config = model.config
     np_dtype = jnp.dtype(dtype) if dtype else None
     for m in weight_map(config):
@@ -553,8 +560,7 @@ def hf_tensors(model: Decoder, dtype: str | None = None, lm_head: bool = True) -
         value = _variable(model, m.rljax)[...]
         for name, index in m.hf_names(config):
             arr = value[index] if index else value
-            host = np.asarray(jax.device_get(arr))
-            host = m.to_hf(host)
+            host = m.to_hf(fetch(arr))
             yield name, np.ascontiguousarray(host.astype(np_dtype) if np_dtype else host)
 
 
@@ -568,18 +574,22 @@ def save_hf(
     """Write `model` as a Hugging Face folder: config.json, generation_config.json,
     safetensors (sharded with an index above `max_shard_size`) and the tokenizer.
     A `ScalarHeadModel` (reward model) is written as `*ForSequenceClassification` with
-    `num_labels=1`: the backbone's tensors without `lm_head`, plus `score.weight`."""
+    `num_labels=1`: the backbone's tensors without `lm_head`, plus `score.weight`.
+
+    Every process of a run calls it: each tensor is gathered on every process, process 0
+    alone writes, and all return once the folder is complete."""
     from safetensors.numpy import save_file
 
-    os.makedirs(path, exist_ok=True)
+    writer = is_coordinator()
     head = model if isinstance(model, ScalarHeadModel) else None
     decoder = head.backbone if head is not None else model
     if decoder.lora_scale:  # the table has no place for adapters: writing without them would drop them
         raise ValueError("save_hf: the model has LoRA adapters; merge them first (rljax.models.lora.merge_into_base) "
                          "or write them as a PEFT folder (rljax.models.lora_peft.save_peft_adapters)")
-    config = decoder.config
     dtype = dtype or decoder.policy.param_dtype
     limit = _parse_size(max_shard_size)
+    if writer:
+        os.makedirs(path, exist_ok=True)
     # Shards are written as they fill, so host memory stays near one shard.
     written: list[tuple[str, list[str]]] = []  # (temporary file, tensor names)
     current: dict[str, np.ndarray] = {}
@@ -593,17 +603,26 @@ def save_hf(
 
     tensors = hf_tensors(decoder, dtype, lm_head=head is None)
     if head is not None:
-        score = np.asarray(jax.device_get(head.score[...]))[None, :].astype(jnp.dtype(dtype))
-        tensors = itertools.chain(tensors, [("score.weight", score)])
-    for name, arr in tensors:
+        tensors = itertools.chain(tensors, [("score.weight", fetch(head.score[...])[None, :].astype(jnp.dtype(dtype)))])
+    for name, arr in tensors:  # a collective per sharded tensor: every process takes part
+        if not writer:
+            continue
         if current and current_bytes + arr.nbytes > limit:
             flush()
             current_bytes = 0
         current[name] = arr
         current_bytes += arr.nbytes
         total += arr.nbytes
-    flush()
+    if writer:
+        flush()
+        _name_shards(path, written, total)
+        _write_configs(path, decoder.config, head is not None, dtype, tokenizer)
+    sync("rljax.models.hf.save_hf")
 
+
+def _name_shards(path: str, written: list[tuple[str, list[str]]], total: int) -> None:
+    """Give `save_hf`'s written shards their final names (one: model.safetensors; more:
+    model-0000k-of-0000n.safetensors and the index), replacing those of an earlier export."""
     for stale in os.listdir(path):
         if re.fullmatch(r"model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?", stale):
             os.remove(os.path.join(path, stale))
@@ -618,8 +637,11 @@ def save_hf(
         with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map_json}, f, indent=2)
 
+
+def _write_configs(path: str, config: ModelConfig, reward_model: bool, dtype: str, tokenizer) -> None:
+    """config.json, generation_config.json and the tokenizer files of `save_hf`'s folder."""
     hf_config = config.to_hf_dict(dtype=dtype)
-    if head is not None:
+    if reward_model:
         hf_config["architectures"] = [config.family.architecture.replace("ForCausalLM", "ForSequenceClassification")]
         hf_config.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
     with open(os.path.join(path, "config.json"), "w") as f:

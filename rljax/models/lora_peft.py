@@ -12,6 +12,9 @@ A torch Linear computes x W^T, so PEFT's A is `[r, in]` and B `[out, r]` with th
 the in / out dimensions flattened in the same (row-major) order as the base weight's
 HF layout. PEFT options this decoder does not implement (DoRA, rsLoRA, per-module rank or
 alpha patterns, biases, modules_to_save) are refused when reading.
+
+Writing works on many processes as `rljax.models.hf.save_hf` does: every process gathers
+the adapters, process 0 writes, all return once the folder is complete.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from __future__ import annotations
 import json
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax.distributed import is_coordinator, sync
+from rljax.hostsync import fetch
 from rljax.models.hf import _HF_LAYER_NAMES
 from rljax.models.lora import TARGETS, LoRAConfig, adapter_names
 
@@ -46,19 +50,28 @@ def present_targets(decoder) -> list[str]:
 
 
 def save_peft_adapters(decoder, out: str, config: LoRAConfig, base_model: str = "", dtype: str | None = None) -> None:
-    """Write `decoder`'s adapters to the PEFT folder `out` (created if needed)."""
-    from safetensors.numpy import save_file
-
-    os.makedirs(out, exist_ok=True)
+    """Write `decoder`'s adapters to the PEFT folder `out` (created if needed). Every
+    process of a run calls it; process 0 writes (module docstring)."""
     targets = present_targets(decoder)
     tensors = {}
-    for target in targets:
+    for target in targets:  # a collective per sharded adapter: every process takes part
         name_a, name_b = adapter_names(target)
-        a = np.asarray(jax.device_get(getattr(decoder.layers, name_a)[...]))  # [L, *in, r]
-        b = np.asarray(jax.device_get(getattr(decoder.layers, name_b)[...]))  # [L, r, *out]
+        a = fetch(getattr(decoder.layers, name_a)[...])  # [L, *in, r]
+        b = fetch(getattr(decoder.layers, name_b)[...])  # [L, r, *out]
         for i in range(a.shape[0]):
             tensors[peft_key(target, i, "A")] = a[i].reshape(-1, a.shape[-1]).T  # [r, in]
             tensors[peft_key(target, i, "B")] = b[i].reshape(b.shape[1], -1).T  # [out, r]
+    if is_coordinator():
+        _write_adapters(out, tensors, targets, config, base_model, dtype)
+    sync("rljax.models.lora_peft.save_peft_adapters")
+
+
+def _write_adapters(out: str, tensors: dict, targets: list[str], config: LoRAConfig, base_model: str,
+                    dtype: str | None) -> None:
+    """`save_peft_adapters`' files, on process 0."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(out, exist_ok=True)
     np_dtype = jnp.dtype(dtype) if dtype else None
     tensors = {k: np.ascontiguousarray(v.astype(np_dtype) if np_dtype else v) for k, v in tensors.items()}
     save_file(tensors, os.path.join(out, WEIGHTS_FILE), metadata={"format": "pt"})

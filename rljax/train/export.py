@@ -24,6 +24,7 @@ from flax import nnx
 
 from rljax.checkpoint import Checkpointer, resolve_checkpoint
 from rljax.config import from_dict
+from rljax.distributed import is_coordinator
 from rljax.models import save_hf
 from rljax.models.lora import merge_into_base, split_trainable
 from rljax.models.lora_peft import save_peft_adapters
@@ -92,16 +93,18 @@ LORA_FORMATS = ("merged", "peft")
 
 def save_trained(module, out: str, section, tokenizer, dtype, max_shard_size, lora_format: str = "merged") -> None:
     """Write a trained decoder (or reward model) as a Hugging Face folder; with adapters,
-    merged into the base weights or (`lora_format="peft"`) as a PEFT adapter folder."""
+    merged into the base weights or (`lora_format="peft"`) as a PEFT adapter folder.
+    Every process of a run calls it; process 0 writes, and all return once `out` is
+    complete."""
     if lora_format not in LORA_FORMATS:
         raise ValueError(f"lora_format {lora_format!r}; choose from {list(LORA_FORMATS)}")
     decoder = getattr(module, "backbone", module)
     if lora_format == "peft":
         if not section.lora.enabled or decoder is not module:
             raise ValueError("--lora-format peft: only a LoRA run's policy has a PEFT adapter form")
-        save_peft_adapters(decoder, out, section.lora, base_model=section.path, dtype=dtype)
-        if tokenizer is not None:
+        if tokenizer is not None and is_coordinator():
             tokenizer.save_pretrained(out)
+        save_peft_adapters(decoder, out, section.lora, base_model=section.path, dtype=dtype)  # returns when written
         return
     if section.lora.enabled:
         merge_into_base(decoder)
