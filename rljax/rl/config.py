@@ -142,6 +142,16 @@ class RLConfig:
         (data x fsdp) of the mesh on `num_devices` (when given): every mini-batch and
         micro-batch is split over it."""
         self.trainer.check_run()
+        import jax  # the process count of an initialised multi-process run
+
+        processes = jax.process_count()
+        if processes > 1 and not self.rollout.tensor_parallel_size:
+            raise ConfigError("rollout.tensor_parallel_size: 0 samples on the training mesh, which a run of "
+                              f"{processes} processes cannot do (each would schedule programs over all hosts); "
+                              "set it to the devices per rollout replica (e.g. 1)")
+        if processes > 1 and (self.reward.reward_model.enable or self.reward.verifier.enable):
+            raise ConfigError("reward.reward_model / reward.verifier: not supported in a run of several processes "
+                              "(their forward spans the mesh while rounds run per process)")
         if num_devices is None:
             return
         tp, dp = self.rollout.tensor_parallel_size, self.rollout.data_parallel_size

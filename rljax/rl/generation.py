@@ -79,13 +79,6 @@ class Generation:
     def __init__(self, cfg: RLConfig, decoder, tokenizer, agent=None, policy_params: Callable[[], Any] | None = None,
                  mesh=None):
         r = cfg.rollout
-        if jax.process_count() > 1 and not r.tensor_parallel_size:
-            raise ValueError("rollout.tensor_parallel_size: 0 samples on the training mesh, which a run of "
-                             f"{jax.process_count()} processes cannot do (each would schedule programs over all "
-                             "hosts); set it to the devices per rollout replica (e.g. 1)")
-        if jax.process_count() > 1 and (cfg.reward.reward_model.enable or cfg.reward.verifier.enable):
-            raise ValueError("reward.reward_model / reward.verifier: not supported yet in a run of several "
-                             "processes (their forward spans the mesh while rounds run per process)")
         self.cfg, self.tokenizer, self.agent = cfg, tokenizer, agent
         self.rewards = make_reward_manager(cfg)
         self.model_rewards = build_model_rewards(cfg, tokenizer, decoder, policy_params, mesh)

@@ -82,6 +82,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_write_each_model_folder_once_as_one_process_does(tmp_path):
     port = _free_port()
     procs = []

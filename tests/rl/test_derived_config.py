@@ -123,3 +123,14 @@ def test_sampler_config_and_sampling_params_from_the_sections():
     assert (q.n, q.temperature, q.top_p, q.top_k, q.min_p, q.max_tokens, q.seed, q.stream) == \
         (2, 0.5, 1.0, 0, 0.0, 4, 7, 1 << 63)
     assert q.stream == request_stream(VALIDATION, 0, 0)
+
+
+def test_several_processes_need_rollout_replicas_before_any_work(monkeypatch):
+    """A multi-process run cannot sample on the training mesh (tp 0): the run check says
+    so, naming the key, before the warm-up or any model is built; tp >= 1 passes."""
+    import jax
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"^rollout.tensor_parallel_size: 0 samples on the training mesh"):
+        rl_config().check_run(8)
+    rl_config("rollout.tensor_parallel_size=1").check_run(8)
