@@ -257,9 +257,14 @@ def from_dict(cls, data: dict, prefix: str = "", base: Any = None):
     """Build dataclass `cls` from nested dicts, rejecting unknown keys and resolving aliases.
     Keys absent from `data` take their value from `base` (an instance of `cls`) when given;
     a nested section starts from its field's default (`RLConfig.trainer` is
-    `TrainerConfig(algorithm="grpo")`)."""
+    `TrainerConfig(algorithm="grpo")`). A root config class (no `prefix`) may define the
+    classmethod `defaults_for(data)`: without a `base`, its result (when not None) is the
+    base (`RLConfig`'s `trainer.algorithm` presets, `rljax.rl.presets`)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or cls.__name__}: expected a mapping (section {cls.__name__}), got {data!r}")
+    defaults_for = getattr(cls, "defaults_for", None)
+    if base is None and not prefix and callable(defaults_for):
+        base = defaults_for(data)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     data = _resolve_aliases(cls, data, prefix)
