@@ -4,6 +4,9 @@ Each subcommand lives in `rljax/commands/<name>.py` and defines `HELP`,
 `add_arguments(parser)` and `main(args) -> int | None`. Command modules keep
 heavy imports (jax, transformers) inside `main`, so `rljax --help` is instant.
 
+A subcommand that needs arguments, given none (`rljax train`), prints its usage and
+arguments on stderr and exits 2.
+
 Errors: a known error (`is_known_error`: a bad config, data file, model or checkpoint
 folder, sampler setting, reward function...) prints as ``rljax: error: <message>`` on
 stderr, plus one line saying how to see the traceback, and exits 2 for a config error,
@@ -48,9 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"show the full traceback of an error (or set {DEBUG_ENV}=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    parser.command_parsers = {}  # name -> the subcommand's parser
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"rljax.commands.{module_name}")
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        p = parser.command_parsers[name] = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the full traceback of an error")
@@ -101,9 +105,20 @@ def _exit_code(error: BaseException) -> int:
     return 2 if isinstance(error, ConfigError) else 1
 
 
+def needs_arguments(parser: argparse.ArgumentParser) -> bool:
+    """Whether a subcommand's parser has a required positional argument (a config file, an action)."""
+    return any(action.required for action in parser._actions if not action.option_strings)
+
+
 def main(argv: list[str] | None = None) -> int:
     xla_flags.apply()  # before any command starts a JAX backend
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    words = [word for word in argv if word != "--debug"]
+    if len(words) == 1 and words[0] in parser.command_parsers and needs_arguments(parser.command_parsers[words[0]]):
+        parser.command_parsers[words[0]].print_help(sys.stderr)  # `rljax train` alone: its usage and arguments
+        return 2
+    args = parser.parse_args(argv)
     debug = args.debug or os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")
     try:
         return int(args._command_main(args) or 0)

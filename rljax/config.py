@@ -3,7 +3,8 @@
     cfg = load_config(RunConfig, "configs/sft_tiny.yaml", ["optim.lr=1e-5", "trainer.total_steps=50"])
 
 An unknown or mistyped key is a `ConfigError` that names the full dotted key and suggests
-the closest valid one; a value of the wrong type names the key, the expected type and the
+the full keys that end with it (`optim.lr` of an RL config: `actor.optim.lr`), else the
+closest valid name; a value of the wrong type names the key, the expected type and the
 value. `config_to_dict` gives back plain YAML-able data (saved with every run).
 
 Values are checked at load time too (`check_config`, run by `load_config`):
@@ -21,7 +22,9 @@ config's `check_run(num_devices)`: mesh shape and batch sizes against the data-p
 size, the checkpoint to resume from). Trainers call it first, before building anything.
 
 A YAML section that sets only some of its keys keeps the defaults of the field it fills
-(RLConfig's `trainer.algorithm` is `grpo`, not TrainerConfig's `sft`). An optional section
+(RLConfig's `trainer.algorithm` is `grpo`, not TrainerConfig's `sft`); a root config
+class's `defaults_for(data)` may replace its defaults (RLConfig: the preset of
+`trainer.algorithm`, under every key the file and the overrides set). An optional section
 (`agent: AgentConfig | None`) is null by default and built when the YAML sets it.
 `load_section(cls, data, key)` builds and checks one section on its own (the agent's
 config given as a mapping). A section that code builds for itself (the sampler's, the
@@ -125,6 +128,38 @@ def aliases(cls) -> dict[str, str]:
 def _suggest(key: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(sorted(valid))}"
+
+
+def dotted_keys(cls, prefix: str = "") -> list[str]:
+    """Every dotted key of the config tree of dataclass `cls`, sections and leaves, in
+    field order (`actor`, `actor.optim`, `actor.optim.lr`, ...)."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        keys.append(key)
+        section = section_type(hints[f.name])
+        if section is not None:
+            keys.extend(dotted_keys(section, key))
+    return keys
+
+
+def _unknown_key(tree, tree_prefix: str, prefix: str, rest: str, valid: list[str]) -> ConfigError:
+    """The error for an unknown key: `rest` (the unknown part and what follows it, dotted)
+    in section `prefix` of the config tree of dataclass `tree` (whose own keys sit under
+    `tree_prefix`). Keys of the tree that end with `rest` are the suggestion (`optim.lr` ->
+    `actor.optim.lr`), those inside section `prefix` first; else the section's closest name."""
+    key = f"{prefix}.{rest}" if prefix else rest
+    keys = [f"{tree_prefix}.{k}" if tree_prefix else k for k in dotted_keys(tree)]
+    elsewhere = [k for k in keys if k.endswith("." + rest)]
+    inside = [k for k in elsewhere if k.startswith(prefix + ".")] if prefix else []
+    elsewhere = inside or elsewhere
+    if elsewhere:
+        others = f" (or {', '.join(repr(k) for k in elsewhere[1:])})" if elsewhere[1:] else ""
+        hint = f"; did you mean {elsewhere[0]!r}{others}?"
+    else:
+        hint = _suggest(rest.split(".")[0], valid)
+    return ConfigError(f"unknown config key {key!r}{hint}")
 
 
 def check_name(name: str, valid, what: str = "", listing: str | None = None) -> str | None:
@@ -257,9 +292,14 @@ def from_dict(cls, data: dict, prefix: str = "", base: Any = None):
     """Build dataclass `cls` from nested dicts, rejecting unknown keys and resolving aliases.
     Keys absent from `data` take their value from `base` (an instance of `cls`) when given;
     a nested section starts from its field's default (`RLConfig.trainer` is
-    `TrainerConfig(algorithm="grpo")`)."""
+    `TrainerConfig(algorithm="grpo")`). A root config class (no `prefix`) may define the
+    classmethod `defaults_for(data)`: without a `base`, its result (when not None) is the
+    base (`RLConfig`'s `trainer.algorithm` presets, `rljax.rl.presets`)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or cls.__name__}: expected a mapping (section {cls.__name__}), got {data!r}")
+    defaults_for = getattr(cls, "defaults_for", None)
+    if base is None and not prefix and callable(defaults_for):
+        base = defaults_for(data)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     data = _resolve_aliases(cls, data, prefix)
@@ -267,7 +307,7 @@ def from_dict(cls, data: dict, prefix: str = "", base: Any = None):
     for key, value in data.items():
         dotted = f"{prefix}.{key}" if prefix else key
         if key not in fields:
-            raise ConfigError(f"unknown config key {dotted!r}{_suggest(key, list(fields))}")
+            raise _unknown_key(cls, prefix, prefix, key, list(fields))
         tp = hints[key]
         if dataclasses.is_dataclass(tp) and isinstance(value, dict):
             default = getattr(base, key) if base is not None else _field_default(fields[key])
@@ -363,7 +403,6 @@ def _set_dotted(tree: dict, dotted: str, value: Any, cls) -> None:
     parts = dotted.split(".")
     node, schema = tree, cls
     for i, part in enumerate(parts):
-        here = ".".join(parts[: i + 1])
         if schema is None or not dataclasses.is_dataclass(schema):
             # free-form mapping (e.g. a dict field): accept any key
             if i == len(parts) - 1:
@@ -377,7 +416,7 @@ def _set_dotted(tree: dict, dotted: str, value: Any, cls) -> None:
         for other in [other for other, name in second_names.items() if name == part]:
             node.pop(other, None)
         if part not in names:
-            raise ConfigError(f"unknown config key {here!r}{_suggest(part, list(names))}")
+            raise _unknown_key(cls, "", ".".join(parts[:i]), ".".join(parts[i:]), list(names))
         if i == len(parts) - 1:
             node[part] = value
             return

@@ -51,6 +51,10 @@ def run_cli(capsys, *argv):
     ([SFT, "optim.lr=-1"], r"^rljax: error: optim\.lr: must be >= 0, got -1"),
     ([SFT, "trainer.save_freq=-1"], r"^rljax: error: trainer\.save_freq: must be >= 0"),
     ([SFT, "optim.lrr=1"], r"^rljax: error: unknown config key 'optim\.lrr'; did you mean 'lr'\?"),
+    ([QUICKSTART, "optim.lr=1e-5"],
+     r"^rljax: error: unknown config key 'optim\.lr'; did you mean 'actor\.optim\.lr' \(or 'critic\.optim\.lr'\)\?$"),
+    ([QUICKSTART, "actor.lr=1e-5"], r"^rljax: error: unknown config key 'actor\.lr'; did you mean 'actor\.optim\.lr'\?$"),
+    ([SFT, "lr=1e-5"], r"^rljax: error: unknown config key 'lr'; did you mean 'optim\.lr'\?$"),
     ([QUICKSTART, "mesh.data=3"], r"^rljax: error: mesh: .* devices are not divisible by 3"),
     ([os.path.join(REPO, "configs", "nope.yaml")], r"^rljax: error: .*No such file or directory.*nope\.yaml"),
 ])
@@ -69,6 +73,15 @@ def test_rl_config_without_algorithm_says_so(no_training, capsys, tmp_path):
     cfg.write_text("rollout: {n: 4}\nactor: {ppo_epochs: 1}\n")
     code, err = run_cli(capsys, "train", str(cfg))
     assert code == 2 and re.match(r"rljax: error: trainer\.algorithm: not set, .* RL sections \(actor, rollout\)", err)
+
+
+@pytest.mark.parametrize("argv", [["train"], ["train", "--debug"], ["--debug", "train"], ["config"]])
+def test_a_command_without_its_arguments_prints_its_usage(no_training, capsys, argv):
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"usage: rljax {argv[-1] if argv[-1] != '--debug' else argv[0]} ")
+    assert "positional arguments:" in err and "required" not in err
 
 
 def test_eval_config_error_is_one_line(capsys, monkeypatch):

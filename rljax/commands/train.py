@@ -4,8 +4,9 @@
 `rljax export` and `rljax eval` share): `sft`, `rm` and `dpo` run the supervised loop
 (`rljax.train.loop`, config `RunConfig`); the RL algorithms (`grpo`, `ppo`, `dapo`, ...,
 `rljax.rl.config.RL_ALGORITHMS`) run the RL loop (`rljax.rl.trainer`, config `RLConfig`,
-where `algorithm.adv_estimator` and `actor.policy_loss.loss_mode` choose the method); any
-other name is an error that lists them.
+whose defaults are the algorithm's preset, `rljax.rl.presets`: `ppo` sets
+`algorithm.adv_estimator: gae` and so trains a critic); any other name is an error that
+lists them.
 
 The whole config is checked before anything is built (`rljax.config.validate`, with the
 device count): a mistake is one line naming the key, within seconds.
@@ -24,7 +25,8 @@ TRAINERS: dict[str, tuple[str, str]] = {
 
 def add_arguments(parser) -> None:
     parser.add_argument("config", help="YAML config file (see configs/)")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=1e-5 trainer.total_steps=50")
+    parser.add_argument("overrides", nargs="*", default=[],
+                        help="dotted overrides, e.g. optim.lr=1e-5 trainer.total_steps=50")
 
 
 def kind_of(path: str, overrides: list[str]) -> str:

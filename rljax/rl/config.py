@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from rljax.agent.config import AgentConfig
 from rljax.algos.kl import FULL_KL
 from rljax.algos.registry import get_adv_estimator
-from rljax.config import ConfigError, FieldError, NonNegFloat, PositiveInt
+from rljax.config import ConfigError, FieldError, NonNegFloat, PositiveInt, from_dict
 from rljax.data.config import DataConfig
 from rljax.parallel import MeshConfig
 from rljax.rl.actor_config import ActorConfig, CriticConfig, PolicyLossSection
@@ -51,6 +51,7 @@ from rljax.rl.reward_config import (
     RewardModelSection,
     VerifierSection,
 )
+from rljax.rl.presets import PRESETS, preset_tree
 from rljax.rl.request_streams import TRAIN, VALIDATION, request_stream
 from rljax.rl.rollout_config import RolloutConfig, TopK, ValKwargs
 from rljax.rollout.config import KVCacheConfig, SamplerConfig
@@ -107,6 +108,19 @@ class RLConfig:
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh (data x fsdp x tensor)
     warmup_sft: WarmupSFTConfig = field(default_factory=WarmupSFTConfig)  # an SFT phase before RL
     agent: AgentConfig | None = None  # multi-turn agent rollouts (tools or an environment); null: single-turn
+
+    @classmethod
+    def defaults_for(cls, raw: dict) -> RLConfig | None:
+        """The config the keys absent from `raw` (a YAML mapping with its overrides) take
+        their values from: the dataclass defaults under the preset of `raw`'s
+        `trainer.algorithm` (`rljax.rl.presets`; unset: `grpo`). None for a name without a
+        preset (`check` then names the valid ones). Called by `rljax.config.from_dict`."""
+        base = cls()
+        trainer = raw.get("trainer")
+        name = trainer.get("algorithm", base.trainer.algorithm) if isinstance(trainer, dict) else base.trainer.algorithm
+        if not isinstance(name, str) or name not in PRESETS:
+            return None
+        return from_dict(cls, preset_tree(name), base=base)
 
     def check(self) -> None:
         """What needs more than one section (run by `rljax.config.check_config` after every

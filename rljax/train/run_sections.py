@@ -23,8 +23,8 @@ from rljax.parallel import MeshConfig, ShardingError
 SUPERVISED_DATA_FORMAT: dict[str, str] = {"sft": "sft", "rm": "preference", "dpo": "preference"}
 SUPERVISED_ALGORITHMS: tuple[str, ...] = tuple(SUPERVISED_DATA_FORMAT)
 
-# `trainer.algorithm` of an RL run: a label (the method is chosen by algorithm.adv_estimator and
-# actor.policy_loss.loss_mode), checked against the recipes' names so that a typo is an error.
+# `trainer.algorithm` of an RL run: the algorithm whose preset (rljax.rl.presets: the advantage
+# estimator, policy loss, aggregation, ... of verl's recipe) fills the defaults the config does not set.
 RL_ALGORITHMS: tuple[str, ...] = tuple(sorted(
     {"ppo", "dapo", "gmpo"} | (set(ADV_ESTIMATOR_REGISTRY) - {"gae"}) | (set(POLICY_LOSS_REGISTRY) - {"vanilla"})))
 
@@ -82,7 +82,9 @@ class ModelSection:
 class TrainerConfig:
     """The loop: steps, micro-batches, checkpoints, validation, logging (verl: `trainer`)."""
 
-    algorithm: str = "sft"  # sft | rm | dpo (RunConfig); grpo, ppo, dapo, ... (RLConfig)
+    # sft | rm | dpo (RunConfig); grpo, ppo, dapo, ... (RLConfig: the algorithm's preset fills the keys
+    # the config does not set, rljax.rl.presets; docs/algorithms.md lists what each sets)
+    algorithm: str = "sft"
     total_steps: PositiveInt = 100  # optimizer steps (RL: rollout steps; verl: total_training_steps)
     micro_batch_size: NonNegInt = 0  # rows per micro-batch (global); 0: the whole mini-batch at once
     seed: NonNegInt = 0  # seed of the train state and the RL mini-batch shuffles
