@@ -10,7 +10,10 @@
   these are read-only binds at their own paths, so a Python under ``/root`` works without
   exposing anything else of ``/root``), any extra read-only paths the user lists, a fresh
   ``/proc`` of its own pid namespace, a minimal ``/dev``, and the scratch directory (the only
-  writable path, bound at its host path). No ``/etc``, no home directories, no ``/tmp`` of
+  writable path): a size-limited tmpfs (``--size N --tmpfs``) mounted at the path of the
+  host's (empty) scratch directory. It lives in the sandbox's mount namespace, so everything
+  written there is bounded by its size and vanishes when the sandbox's last process exits;
+  nothing the code writes reaches the host's disk. No ``/etc``, no home directories, no ``/tmp`` of
   the host, no ``/proc`` of any host process;
 - fresh pid, network (no interface up), ipc, uts and (where possible) cgroup namespaces;
 - ``PR_SET_NO_NEW_PRIVS`` (bubblewrap always sets it);
@@ -31,6 +34,7 @@ import json
 import os
 import platform
 import shutil
+import stat
 import struct
 import subprocess
 from collections.abc import Iterable, Sequence
@@ -80,8 +84,13 @@ def _covered(path: str, roots: Iterable[str]) -> bool:
 
 
 def bwrap_argv(bwrap: str, *, scratch: str, binds: Sequence[str], network: bool = True,
-               seccomp_fd: int | None = None, user_namespace: bool = False) -> list[str]:
-    """The ``bwrap ... --`` prefix for one run (see the module docstring)."""
+               seccomp_fd: int | None = None, user_namespace: bool = False,
+               scratch_bytes: int | None = None) -> list[str]:
+    """The ``bwrap ... --`` prefix for one run (see the module docstring).
+
+    `scratch_bytes`: the scratch directory is a tmpfs of this size (mode 0777: the sandbox's
+    own uid, dropped from root or not, can write to it); None binds the host directory.
+    """
     argv = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--hostname", "sandbox"]
     if network:
@@ -116,10 +125,107 @@ def bwrap_argv(bwrap: str, *, scratch: str, binds: Sequence[str], network: bool 
             argv += parents(path) + ["--ro-bind", path, path]
             bound.append(path)
     argv += ["--proc", "/proc", "--dev", "/dev"] + parents(scratch)
-    argv += ["--bind", scratch, scratch, "--chdir", scratch]
+    if scratch_bytes is None:
+        argv += ["--bind", scratch, scratch]
+    else:
+        argv += ["--perms", "0777", "--size", str(int(scratch_bytes)), "--tmpfs", scratch]
+    argv += ["--chdir", scratch]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     return argv + ["--"]
+
+
+# -- removing a scratch directory ------------------------------------------------------------
+
+def remove_tree(path: str) -> list[str]:
+    """Remove the directory `path` and everything in it; return what could not be removed.
+
+    Made for a tree written by hostile code, and defeated by none of depth, names, modes or
+    links: no recursion and no path longer than one name (every operation is relative to an
+    open directory fd), so nesting depth costs neither stack nor ``PATH_MAX``; at most two
+    directory fds are open at once. Each directory below the top is emptied by renaming its
+    entries into the top directory (``renameat``: moves a name, follows nothing), then
+    removed; the top is listed again until it is empty, so every entry is moved at most once.
+    Symbolic links are never followed (``O_NOFOLLOW``; a link is removed as a name), and
+    nothing on another filesystem is entered (a directory whose ``st_dev`` differs from the
+    top's is left and reported). A directory without write or search permission gets mode
+    0700 through its own fd before it is listed; files are never chmod-ed (a hard link to a
+    file outside keeps its mode). An empty list means `path` no longer exists.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        top = os.open(path, flags)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        return [f"{path}: {e.strerror}"]
+    left: list[str] = []
+    try:
+        dev = os.fstat(top).st_dev
+        _writable(top)
+        serial = 0
+        while True:
+            names = os.listdir(top)
+            progress = False
+            for name in names:
+                try:
+                    st = os.stat(name, dir_fd=top, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISDIR(st.st_mode):
+                    os.unlink(name, dir_fd=top)
+                    progress = True
+                    continue
+                if st.st_dev != dev:
+                    left.append(f"{path}/{name!r}: another filesystem, not entered")
+                    continue
+                try:
+                    sub = os.open(name, flags, dir_fd=top)
+                except OSError:  # replaced by a non-directory since the stat: a name to unlink
+                    os.unlink(name, dir_fd=top)
+                    progress = True
+                    continue
+                try:
+                    if os.fstat(sub).st_dev != dev:
+                        left.append(f"{path}/{name!r}: another filesystem, not entered")
+                        continue
+                    _writable(sub)
+                    for inner in os.listdir(sub):
+                        while True:  # a fresh name in the top directory
+                            serial += 1
+                            target = f".rm-{serial}"
+                            try:
+                                os.stat(target, dir_fd=top, follow_symlinks=False)
+                            except FileNotFoundError:
+                                break
+                        os.rename(inner, target, src_dir_fd=sub, dst_dir_fd=top)
+                finally:
+                    os.close(sub)
+                os.rmdir(name, dir_fd=top)
+                progress = True
+            if not names:
+                break
+            if not progress:
+                break  # only entries reported in `left` remain
+    except OSError as e:
+        left.append(f"{path}: {e.strerror} ({e.filename!r})")
+    finally:
+        os.close(top)
+    if not left:
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            left.append(f"{path}: {e.strerror}")
+    return left
+
+
+def _writable(fd: int) -> None:
+    """Give the directory `fd` mode 0700 if its owner lacks read, write or search permission."""
+    mode = os.fstat(fd).st_mode
+    if mode & 0o700 != 0o700:
+        os.fchmod(fd, 0o700)
 
 
 # -- seccomp ----------------------------------------------------------------------------------

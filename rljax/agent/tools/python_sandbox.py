@@ -86,7 +86,7 @@ from typing import Any
 
 from rljax.agent.tools.base import PerLoopSemaphore, Tool, ToolResult
 from rljax.agent.tools.os_sandbox import (
-    bwrap_argv, find_bwrap, interpreter_files, seccomp_filter, seccomp_pipe,
+    bwrap_argv, find_bwrap, interpreter_files, remove_tree, seccomp_filter, seccomp_pipe,
 )
 from rljax.agent.tools.sandbox_preamble import PREAMBLE, PROBE_CODE
 
@@ -169,6 +169,11 @@ class PythonSandboxTool(Tool):
         memory_mb: RLIMIT_AS in MiB.
         max_processes: RLIMIT_NPROC (effective only when the code does not run as root).
         max_file_size_mb: RLIMIT_FSIZE in MiB.
+        max_scratch_mb: under bubblewrap, the size in MiB of the scratch tmpfs (all files of
+            one call together; tmpfs pages are memory, so at most this much RAM per
+            concurrent call).
+        max_scratch_files: files, directories and links one call may create (the audit
+            hook counts them; a tripwire, see the module docstring).
         max_open_files: RLIMIT_NOFILE.
         max_output_bytes: cap on captured stdout and on stderr (each); more kills the run.
         os_sandbox: "auto" (bubblewrap when ``bwrap`` is installed and works), "required"
@@ -203,7 +208,8 @@ class PythonSandboxTool(Tool):
 
     def __init__(self, schema: dict[str, Any] | None = None, timeout_s: float = 10.0,
                  cpu_time_s: int = 5, memory_mb: int = 512, max_processes: int = 64,
-                 max_file_size_mb: int = 16, max_open_files: int = 64,
+                 max_file_size_mb: int = 16, max_scratch_mb: int = 64,
+                 max_scratch_files: int = 4096, max_open_files: int = 64,
                  max_output_bytes: int = 16384, os_sandbox: str = "auto", seccomp: bool = True,
                  read_paths: list[str] | None = None, network_isolation: str = "auto",
                  drop_privileges: bool = True, sandbox_uid: int = 65534, sandbox_gid: int = 65534,
@@ -219,8 +225,14 @@ class PythonSandboxTool(Tool):
         self.memory_mb = int(memory_mb)
         self.max_processes = int(max_processes)
         self.max_file_size_mb = int(max_file_size_mb)
+        self.max_scratch_mb = int(max_scratch_mb)
+        self.max_scratch_files = int(max_scratch_files)
         self.max_open_files = int(max_open_files)
         self.max_output_bytes = int(max_output_bytes)
+        for key in ("timeout_s", "cpu_time_s", "memory_mb", "max_processes", "max_file_size_mb",
+                    "max_scratch_mb", "max_scratch_files", "max_open_files", "max_output_bytes"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"python sandbox option {key} must be > 0, got {getattr(self, key)!r}")
         self.os_sandbox = os_sandbox
         self.seccomp = bool(seccomp)
         self.read_paths = tuple(os.path.realpath(p) for p in (read_paths or ()))
@@ -309,6 +321,7 @@ class PythonSandboxTool(Tool):
     async def _probe(self) -> _Probed:
         key = (self.interpreter, self.network_isolation, self.drop_privileges, self.sandbox_uid,
                self.sandbox_gid, self.os_sandbox, self.seccomp, self.read_paths, self.audit_hook)
+        key += (self.max_scratch_mb,)
         if key in _PROBE_CACHE:
             return _PROBE_CACHE[key]
         notes: list[str] = []
@@ -404,7 +417,8 @@ class PythonSandboxTool(Tool):
             if launch.drop_uid is not None:
                 os.chown(scratch, launch.drop_uid, launch.drop_gid)
             cfg = {"drop": [launch.drop_uid, launch.drop_gid] if launch.preamble_drop else None,
-                   "read": list(self.read_paths), "hook": self.audit_hook}
+                   "read": list(self.read_paths), "hook": self.audit_hook,
+                   "files": self.max_scratch_files}
             tail = [interpreter, "-I", "-S", "-B", "-c", PREAMBLE, json.dumps(cfg)]
             if launch.bwrap:
                 if launch.seccomp:
@@ -413,7 +427,8 @@ class PythonSandboxTool(Tool):
                     seccomp_fd = seccomp_pipe(program)
                 argv = bwrap_argv(launch.bwrap, scratch=scratch, binds=binds,
                                   network=launch.network_namespace, seccomp_fd=seccomp_fd,
-                                  user_namespace=launch.user_namespace) + tail
+                                  user_namespace=launch.user_namespace,
+                                  scratch_bytes=self.max_scratch_mb * 1024 * 1024) + tail
             else:
                 argv = [*launch.prefix, *tail]
             preexec = _limits_preexec(
@@ -454,7 +469,22 @@ class PythonSandboxTool(Tool):
                 transport = getattr(proc, "_transport", None)
                 if transport is not None:
                     transport.close()
-            shutil.rmtree(scratch, ignore_errors=True)
+            await self._remove_scratch(scratch)
+
+    @staticmethod
+    async def _remove_scratch(scratch: str) -> None:
+        """Remove a call's host scratch directory (empty under bwrap, whose scratch is a tmpfs).
+
+        `remove_tree` runs in a worker thread, so a tree of many files does not stall the event
+        loop; a cancellation of the caller does not stop it (the thread finishes the removal).
+        """
+        work = asyncio.ensure_future(asyncio.to_thread(remove_tree, scratch))
+        try:
+            left = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            work.add_done_callback(lambda f: f.cancelled() or f.exception() or _report_left(scratch, f.result()))
+            raise
+        _report_left(scratch, left)
 
     async def _communicate(self, proc: asyncio.subprocess.Process, data: bytes,
                            timeout_s: float) -> SandboxRun:
@@ -565,6 +595,12 @@ def _capabilities(probed: _Probed, audit_hook: bool) -> dict[str, Any]:
         "layers": layers,
         "notes": list(probed.notes),
     }
+
+
+def _report_left(scratch: str, left: list[str]) -> None:
+    if left:
+        logger.error("python sandbox: scratch directory %s not fully removed: %s",
+                     scratch, "; ".join(left[:5]) + (f"; and {len(left) - 5} more" if len(left) > 5 else ""))
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
