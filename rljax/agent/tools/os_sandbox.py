@@ -30,6 +30,7 @@ user namespace (the kernel must allow unprivileged user namespaces).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import platform
@@ -145,16 +146,16 @@ def remove_tree(path: str) -> list[str]:
     open directory fd), so nesting depth costs neither stack nor ``PATH_MAX``; at most two
     directory fds are open at once. Each directory below the top is emptied by renaming its
     entries into the top directory (``renameat``: moves a name, follows nothing), then
-    removed; the top is listed again until it is empty, so every entry is moved at most once.
-    Symbolic links are never followed (``O_NOFOLLOW``; a link is removed as a name), and
-    nothing on another filesystem is entered (a directory whose ``st_dev`` differs from the
-    top's is left and reported). A directory without write or search permission gets mode
-    0700 through its own fd before it is listed; files are never chmod-ed (a hard link to a
-    file outside keeps its mode). An empty list means `path` no longer exists.
+    removed, so every entry is moved at most once. Symbolic links are never followed
+    (``O_NOFOLLOW``; a link is removed as a name), and nothing on another filesystem is
+    entered (a directory whose ``st_dev`` differs from the top's is left and reported). A
+    directory without read, write or search permission for its owner gets mode 0700 through
+    an ``O_PATH | O_NOFOLLOW`` fd of its own (never through a name a link could redirect);
+    files are never chmod-ed (a hard link to a file outside keeps its mode). An empty list
+    means `path` no longer exists.
     """
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
-        top = os.open(path, flags)
+        top = _open_dir(path, None)
     except FileNotFoundError:
         return []
     except OSError as e:
@@ -162,12 +163,14 @@ def remove_tree(path: str) -> list[str]:
     left: list[str] = []
     try:
         dev = os.fstat(top).st_dev
-        _writable(top)
         serial = 0
         while True:
-            names = os.listdir(top)
+            queue = collections.deque(os.listdir(top))
+            if not queue:
+                break
             progress = False
-            for name in names:
+            while queue:
+                name = queue.popleft()
                 try:
                     st = os.stat(name, dir_fd=top, follow_symlinks=False)
                 except FileNotFoundError:
@@ -179,18 +182,16 @@ def remove_tree(path: str) -> list[str]:
                 if st.st_dev != dev:
                     left.append(f"{path}/{name!r}: another filesystem, not entered")
                     continue
-                try:
-                    sub = os.open(name, flags, dir_fd=top)
-                except OSError:  # replaced by a non-directory since the stat: a name to unlink
-                    os.unlink(name, dir_fd=top)
-                    progress = True
-                    continue
+                sub = _open_dir(name, top)
                 try:
                     if os.fstat(sub).st_dev != dev:
                         left.append(f"{path}/{name!r}: another filesystem, not entered")
                         continue
-                    _writable(sub)
                     for inner in os.listdir(sub):
+                        # moving a directory to another parent needs write permission on it
+                        ist = os.stat(inner, dir_fd=sub, follow_symlinks=False)
+                        if stat.S_ISDIR(ist.st_mode) and ist.st_mode & 0o700 != 0o700:
+                            os.close(_open_dir(inner, sub))
                         while True:  # a fresh name in the top directory
                             serial += 1
                             target = f".rm-{serial}"
@@ -199,12 +200,11 @@ def remove_tree(path: str) -> list[str]:
                             except FileNotFoundError:
                                 break
                         os.rename(inner, target, src_dir_fd=sub, dst_dir_fd=top)
+                        queue.append(target)
                 finally:
                     os.close(sub)
                 os.rmdir(name, dir_fd=top)
                 progress = True
-            if not names:
-                break
             if not progress:
                 break  # only entries reported in `left` remain
     except OSError as e:
@@ -221,11 +221,29 @@ def remove_tree(path: str) -> list[str]:
     return left
 
 
-def _writable(fd: int) -> None:
-    """Give the directory `fd` mode 0700 if its owner lacks read, write or search permission."""
-    mode = os.fstat(fd).st_mode
-    if mode & 0o700 != 0o700:
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_dir(name: str, dir_fd: int | None) -> int:
+    """A read fd of the directory `name` (never through a symlink), with mode 0700 if its
+    owner lacked read, write or search permission (set through an ``O_PATH`` fd)."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except PermissionError:
+        fd = None
+    if fd is not None and os.fstat(fd).st_mode & 0o700 == 0o700:
+        return fd
+    if fd is not None:
         os.fchmod(fd, 0o700)
+        return fd
+    # No read permission: chmod the directory itself through an O_PATH fd (the name cannot be
+    # swapped for a link between the check and the chmod), then open it for reading.
+    pfd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.chmod(f"/proc/self/fd/{pfd}", 0o700)
+        return os.open(".", _DIR_FLAGS, dir_fd=pfd)
+    finally:
+        os.close(pfd)
 
 
 # -- seccomp ----------------------------------------------------------------------------------
