@@ -2,7 +2,7 @@
 
 What runs: ``<launcher> <python> -I -S -B -c PREAMBLE CONFIG`` with the code on stdin, spawned
 by `asyncio.create_subprocess_exec`, in a new session (its own process group), in a fresh
-scratch directory (``tempfile.mkdtemp``, removed afterwards), with an environment of exactly
+scratch directory (``tempfile.mkdtemp``; see "Scratch space" below), with an environment of exactly
 ``PATH=/usr/bin:/bin`` and ``TMPDIR=<scratch>``. Which launcher is decided once per
 configuration by a probe that runs a small program under each candidate and keeps the first
 one whose isolation the program actually observes; `capabilities()` reports those
@@ -14,7 +14,8 @@ Two groups of layers; each layer fails independently of the others.
 OS layer (``os_sandbox: auto``, when bubblewrap's ``bwrap`` is installed and works; see
 ``os_sandbox.py``): fresh mount, pid, network, ipc and uts namespaces; a root with only
 ``/usr``, the system ``/bin``/``/lib`` entries, the interpreter's own files, ``read_paths``, a
-private ``/proc`` and ``/dev``, and the scratch dir (the only writable path); as root, the
+private ``/proc`` and ``/dev``, and the scratch dir (the only writable path: a tmpfs of
+``max_scratch_mb``); as root, the
 preamble drops to `sandbox_uid`/`sandbox_gid` before any model code runs (this works for an
 interpreter under ``/root`` too, since only its files are bound, at their own paths);
 ``no_new_privs``; a seccomp filter refusing namespace creation, mounts, ``ptrace``, ``bpf``,
@@ -46,10 +47,26 @@ In-process layers (always, bwrap or not):
    the scratch directory; reading or listing a path outside the scratch directory, the
    interpreter's standard library, ``read_paths``, ``/usr/share/zoneinfo``, ``/dev/null``-like
    devices and the process's own ``/proc`` entry; ``os.open`` of a directory outside the
-   scratch dir. A relative path is checked against the working directory *and* every open
+   scratch dir; creating more than ``max_scratch_files`` new files, directories and links in
+   one call (opening an existing file for writing creates nothing). A relative path is checked against the working directory *and* every open
    directory fd, because the audit event does not say which ``dir_fd`` a ``*at()`` call uses.
 5. ``-I -S``: isolated mode (no ``PYTHON*`` variables, no user site, no script dir on
    ``sys.path``) and no ``site``: only the standard library is importable.
+
+Scratch space, per call. Under the OS layer the scratch dir is a tmpfs of ``max_scratch_mb``
+(bubblewrap's ``--size`` before ``--tmpfs``) in the sandbox's own mount namespace: all files
+of the call together hold at most that many bytes (more fails with ``ENOSPC`` inside the
+call), and the tmpfs vanishes with the sandbox's last process; the host directory of the
+same name stays empty. Its inode count is the kernel's default for a tmpfs (half the RAM's
+pages), so files without content are bounded by the audit hook's count (below) and by the
+wall clock. Without the OS layer the scratch dir is a host directory; what bounds it is
+``RLIMIT_FSIZE`` per file (kernel-enforced) and ``max_scratch_files`` creations of files,
+directories and links per call (the audit hook: a tripwire, off with the hook), so at most
+``max_scratch_files * max_file_size_mb`` bytes with the hook, and only the wall clock
+without it. Either way the host directory is removed after the call by
+``os_sandbox.remove_tree`` in a worker thread: fd-relative, iterative, following no link,
+entering no other filesystem, opening closed directories by chmod through an ``O_PATH`` fd,
+so depth, names and modes cannot defeat it; what it cannot remove is logged as an error.
 
 What holds without the OS layer: the in-process layers are a CPython-level tripwire, not a
 security boundary. Native code (a memory-corruption bug, crafted bytecode through
