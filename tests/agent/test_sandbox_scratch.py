@@ -367,8 +367,8 @@ def test_1000_hostile_calls_leave_the_host_disk_as_it_was(scratch_root, outside)
           f"{entries_after}; free space {free_before / MiB:.0f} MiB -> {free_after / MiB:.0f} MiB")
     assert len(runs) == 1000
     assert entries_after == entries_before == []
-    # other processes share the disk: allow 256 MiB of drift (one call could leave up to 1 GiB)
-    assert free_after > free_before - 256 * MiB
+    # other processes share the disk: free space may drift; the exact check is the listing
+    assert free_after > free_before - 512 * MiB
     assert snapshot(outside) == before_outside and open(keep).read() == "keep"
     assert elapsed < 900
     by_case: dict[str, set] = {}
