@@ -10,7 +10,10 @@
   these are read-only binds at their own paths, so a Python under ``/root`` works without
   exposing anything else of ``/root``), any extra read-only paths the user lists, a fresh
   ``/proc`` of its own pid namespace, a minimal ``/dev``, and the scratch directory (the only
-  writable path, bound at its host path). No ``/etc``, no home directories, no ``/tmp`` of
+  writable path): a size-limited tmpfs (``--size N --tmpfs``) mounted at the path of the
+  host's (empty) scratch directory. It lives in the sandbox's mount namespace, so everything
+  written there is bounded by its size and vanishes when the sandbox's last process exits;
+  nothing the code writes reaches the host's disk. No ``/etc``, no home directories, no ``/tmp`` of
   the host, no ``/proc`` of any host process;
 - fresh pid, network (no interface up), ipc, uts and (where possible) cgroup namespaces;
 - ``PR_SET_NO_NEW_PRIVS`` (bubblewrap always sets it);
@@ -27,10 +30,12 @@ user namespace (the kernel must allow unprivileged user namespaces).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import platform
 import shutil
+import stat
 import struct
 import subprocess
 from collections.abc import Iterable, Sequence
@@ -80,8 +85,13 @@ def _covered(path: str, roots: Iterable[str]) -> bool:
 
 
 def bwrap_argv(bwrap: str, *, scratch: str, binds: Sequence[str], network: bool = True,
-               seccomp_fd: int | None = None, user_namespace: bool = False) -> list[str]:
-    """The ``bwrap ... --`` prefix for one run (see the module docstring)."""
+               seccomp_fd: int | None = None, user_namespace: bool = False,
+               scratch_bytes: int | None = None) -> list[str]:
+    """The ``bwrap ... --`` prefix for one run (see the module docstring).
+
+    `scratch_bytes`: the scratch directory is a tmpfs of this size (mode 0777: the sandbox's
+    own uid, dropped from root or not, can write to it); None binds the host directory.
+    """
     argv = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--hostname", "sandbox"]
     if network:
@@ -116,10 +126,124 @@ def bwrap_argv(bwrap: str, *, scratch: str, binds: Sequence[str], network: bool 
             argv += parents(path) + ["--ro-bind", path, path]
             bound.append(path)
     argv += ["--proc", "/proc", "--dev", "/dev"] + parents(scratch)
-    argv += ["--bind", scratch, scratch, "--chdir", scratch]
+    if scratch_bytes is None:
+        argv += ["--bind", scratch, scratch]
+    else:
+        argv += ["--perms", "0777", "--size", str(int(scratch_bytes)), "--tmpfs", scratch]
+    argv += ["--chdir", scratch]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     return argv + ["--"]
+
+
+# -- removing a scratch directory ------------------------------------------------------------
+
+def remove_tree(path: str) -> list[str]:
+    """Remove the directory `path` and everything in it; return what could not be removed.
+
+    Made for a tree written by hostile code, and defeated by none of depth, names, modes or
+    links: no recursion and no path longer than one name (every operation is relative to an
+    open directory fd), so nesting depth costs neither stack nor ``PATH_MAX``; at most two
+    directory fds are open at once. Each directory below the top is emptied by renaming its
+    entries into the top directory (``renameat``: moves a name, follows nothing), then
+    removed, so every entry is moved at most once. Symbolic links are never followed
+    (``O_NOFOLLOW``; a link is removed as a name), and nothing on another filesystem is
+    entered (a directory whose ``st_dev`` differs from the top's is left and reported). A
+    directory without read, write or search permission for its owner gets mode 0700 through
+    an ``O_PATH | O_NOFOLLOW`` fd of its own (never through a name a link could redirect);
+    files are never chmod-ed (a hard link to a file outside keeps its mode). An empty list
+    means `path` no longer exists.
+    """
+    try:
+        top = _open_dir(path, None)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        return [f"{path}: {e.strerror}"]
+    left: list[str] = []
+    try:
+        dev = os.fstat(top).st_dev
+        serial = 0
+        while True:
+            queue = collections.deque(os.listdir(top))
+            if not queue:
+                break
+            progress = False
+            while queue:
+                name = queue.popleft()
+                try:
+                    st = os.stat(name, dir_fd=top, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISDIR(st.st_mode):
+                    os.unlink(name, dir_fd=top)
+                    progress = True
+                    continue
+                if st.st_dev != dev:
+                    left.append(f"{path}/{name!r}: another filesystem, not entered")
+                    continue
+                sub = _open_dir(name, top)
+                try:
+                    if os.fstat(sub).st_dev != dev:
+                        left.append(f"{path}/{name!r}: another filesystem, not entered")
+                        continue
+                    for inner in os.listdir(sub):
+                        # moving a directory to another parent needs write permission on it
+                        ist = os.stat(inner, dir_fd=sub, follow_symlinks=False)
+                        if stat.S_ISDIR(ist.st_mode) and ist.st_mode & 0o700 != 0o700:
+                            os.close(_open_dir(inner, sub))
+                        while True:  # a fresh name in the top directory
+                            serial += 1
+                            target = f".rm-{serial}"
+                            try:
+                                os.stat(target, dir_fd=top, follow_symlinks=False)
+                            except FileNotFoundError:
+                                break
+                        os.rename(inner, target, src_dir_fd=sub, dst_dir_fd=top)
+                        queue.append(target)
+                finally:
+                    os.close(sub)
+                os.rmdir(name, dir_fd=top)
+                progress = True
+            if not progress:
+                break  # only entries reported in `left` remain
+    except OSError as e:
+        left.append(f"{path}: {e.strerror} ({e.filename!r})")
+    finally:
+        os.close(top)
+    if not left:
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            left.append(f"{path}: {e.strerror}")
+    return left
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_dir(name: str, dir_fd: int | None) -> int:
+    """A read fd of the directory `name` (never through a symlink), with mode 0700 if its
+    owner lacked read, write or search permission (set through an ``O_PATH`` fd)."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except PermissionError:
+        fd = None
+    if fd is not None and os.fstat(fd).st_mode & 0o700 == 0o700:
+        return fd
+    if fd is not None:
+        os.fchmod(fd, 0o700)
+        return fd
+    # No read permission: chmod the directory itself through an O_PATH fd (the name cannot be
+    # swapped for a link between the check and the chmod), then open it for reading.
+    pfd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.chmod(f"/proc/self/fd/{pfd}", 0o700)
+        return os.open(".", _DIR_FLAGS, dir_fd=pfd)
+    finally:
+        os.close(pfd)
 
 
 # -- seccomp ----------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 What runs: ``<launcher> <python> -I -S -B -c PREAMBLE CONFIG`` with the code on stdin, spawned
 by `asyncio.create_subprocess_exec`, in a new session (its own process group), in a fresh
-scratch directory (``tempfile.mkdtemp``, removed afterwards), with an environment of exactly
+scratch directory (``tempfile.mkdtemp``; see "Scratch space" below), with an environment of exactly
 ``PATH=/usr/bin:/bin`` and ``TMPDIR=<scratch>``. Which launcher is decided once per
 configuration by a probe that runs a small program under each candidate and keeps the first
 one whose isolation the program actually observes; `capabilities()` reports those
@@ -14,7 +14,8 @@ Two groups of layers; each layer fails independently of the others.
 OS layer (``os_sandbox: auto``, when bubblewrap's ``bwrap`` is installed and works; see
 ``os_sandbox.py``): fresh mount, pid, network, ipc and uts namespaces; a root with only
 ``/usr``, the system ``/bin``/``/lib`` entries, the interpreter's own files, ``read_paths``, a
-private ``/proc`` and ``/dev``, and the scratch dir (the only writable path); as root, the
+private ``/proc`` and ``/dev``, and the scratch dir (the only writable path: a tmpfs of
+``max_scratch_mb``); as root, the
 preamble drops to `sandbox_uid`/`sandbox_gid` before any model code runs (this works for an
 interpreter under ``/root`` too, since only its files are bound, at their own paths);
 ``no_new_privs``; a seccomp filter refusing namespace creation, mounts, ``ptrace``, ``bpf``,
@@ -46,10 +47,26 @@ In-process layers (always, bwrap or not):
    the scratch directory; reading or listing a path outside the scratch directory, the
    interpreter's standard library, ``read_paths``, ``/usr/share/zoneinfo``, ``/dev/null``-like
    devices and the process's own ``/proc`` entry; ``os.open`` of a directory outside the
-   scratch dir. A relative path is checked against the working directory *and* every open
+   scratch dir; creating more than ``max_scratch_files`` new files, directories and links in
+   one call (opening an existing file for writing creates nothing). A relative path is checked against the working directory *and* every open
    directory fd, because the audit event does not say which ``dir_fd`` a ``*at()`` call uses.
 5. ``-I -S``: isolated mode (no ``PYTHON*`` variables, no user site, no script dir on
    ``sys.path``) and no ``site``: only the standard library is importable.
+
+Scratch space, per call. Under the OS layer the scratch dir is a tmpfs of ``max_scratch_mb``
+(bubblewrap's ``--size`` before ``--tmpfs``) in the sandbox's own mount namespace: all files
+of the call together hold at most that many bytes (more fails with ``ENOSPC`` inside the
+call), and the tmpfs vanishes with the sandbox's last process; the host directory of the
+same name stays empty. Its inode count is the kernel's default for a tmpfs (half the RAM's
+pages), so files without content are bounded by the audit hook's count (below) and by the
+wall clock. Without the OS layer the scratch dir is a host directory; what bounds it is
+``RLIMIT_FSIZE`` per file (kernel-enforced) and ``max_scratch_files`` creations of files,
+directories and links per call (the audit hook: a tripwire, off with the hook), so at most
+``max_scratch_files * max_file_size_mb`` bytes with the hook, and only the wall clock
+without it. Either way the host directory is removed after the call by
+``os_sandbox.remove_tree`` in a worker thread: fd-relative, iterative, following no link,
+entering no other filesystem, opening closed directories by chmod through an ``O_PATH`` fd,
+so depth, names and modes cannot defeat it; what it cannot remove is logged as an error.
 
 What holds without the OS layer: the in-process layers are a CPython-level tripwire, not a
 security boundary. Native code (a memory-corruption bug, crafted bytecode through
@@ -86,7 +103,7 @@ from typing import Any
 
 from rljax.agent.tools.base import PerLoopSemaphore, Tool, ToolResult
 from rljax.agent.tools.os_sandbox import (
-    bwrap_argv, find_bwrap, interpreter_files, seccomp_filter, seccomp_pipe,
+    bwrap_argv, find_bwrap, interpreter_files, remove_tree, seccomp_filter, seccomp_pipe,
 )
 from rljax.agent.tools.sandbox_preamble import PREAMBLE, PROBE_CODE
 
@@ -169,6 +186,11 @@ class PythonSandboxTool(Tool):
         memory_mb: RLIMIT_AS in MiB.
         max_processes: RLIMIT_NPROC (effective only when the code does not run as root).
         max_file_size_mb: RLIMIT_FSIZE in MiB.
+        max_scratch_mb: under bubblewrap, the size in MiB of the scratch tmpfs (all files of
+            one call together; tmpfs pages are memory, so at most this much RAM per
+            concurrent call).
+        max_scratch_files: files, directories and links one call may create (the audit
+            hook counts them; a tripwire, see the module docstring).
         max_open_files: RLIMIT_NOFILE.
         max_output_bytes: cap on captured stdout and on stderr (each); more kills the run.
         os_sandbox: "auto" (bubblewrap when ``bwrap`` is installed and works), "required"
@@ -203,7 +225,8 @@ class PythonSandboxTool(Tool):
 
     def __init__(self, schema: dict[str, Any] | None = None, timeout_s: float = 10.0,
                  cpu_time_s: int = 5, memory_mb: int = 512, max_processes: int = 64,
-                 max_file_size_mb: int = 16, max_open_files: int = 64,
+                 max_file_size_mb: int = 16, max_scratch_mb: int = 64,
+                 max_scratch_files: int = 4096, max_open_files: int = 64,
                  max_output_bytes: int = 16384, os_sandbox: str = "auto", seccomp: bool = True,
                  read_paths: list[str] | None = None, network_isolation: str = "auto",
                  drop_privileges: bool = True, sandbox_uid: int = 65534, sandbox_gid: int = 65534,
@@ -219,8 +242,14 @@ class PythonSandboxTool(Tool):
         self.memory_mb = int(memory_mb)
         self.max_processes = int(max_processes)
         self.max_file_size_mb = int(max_file_size_mb)
+        self.max_scratch_mb = int(max_scratch_mb)
+        self.max_scratch_files = int(max_scratch_files)
         self.max_open_files = int(max_open_files)
         self.max_output_bytes = int(max_output_bytes)
+        for key in ("timeout_s", "cpu_time_s", "memory_mb", "max_processes", "max_file_size_mb",
+                    "max_scratch_mb", "max_scratch_files", "max_open_files", "max_output_bytes"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"python sandbox option {key} must be > 0, got {getattr(self, key)!r}")
         self.os_sandbox = os_sandbox
         self.seccomp = bool(seccomp)
         self.read_paths = tuple(os.path.realpath(p) for p in (read_paths or ()))
@@ -309,6 +338,7 @@ class PythonSandboxTool(Tool):
     async def _probe(self) -> _Probed:
         key = (self.interpreter, self.network_isolation, self.drop_privileges, self.sandbox_uid,
                self.sandbox_gid, self.os_sandbox, self.seccomp, self.read_paths, self.audit_hook)
+        key += (self.max_scratch_mb,)
         if key in _PROBE_CACHE:
             return _PROBE_CACHE[key]
         notes: list[str] = []
@@ -404,7 +434,8 @@ class PythonSandboxTool(Tool):
             if launch.drop_uid is not None:
                 os.chown(scratch, launch.drop_uid, launch.drop_gid)
             cfg = {"drop": [launch.drop_uid, launch.drop_gid] if launch.preamble_drop else None,
-                   "read": list(self.read_paths), "hook": self.audit_hook}
+                   "read": list(self.read_paths), "hook": self.audit_hook,
+                   "files": self.max_scratch_files}
             tail = [interpreter, "-I", "-S", "-B", "-c", PREAMBLE, json.dumps(cfg)]
             if launch.bwrap:
                 if launch.seccomp:
@@ -413,7 +444,8 @@ class PythonSandboxTool(Tool):
                     seccomp_fd = seccomp_pipe(program)
                 argv = bwrap_argv(launch.bwrap, scratch=scratch, binds=binds,
                                   network=launch.network_namespace, seccomp_fd=seccomp_fd,
-                                  user_namespace=launch.user_namespace) + tail
+                                  user_namespace=launch.user_namespace,
+                                  scratch_bytes=self.max_scratch_mb * 1024 * 1024) + tail
             else:
                 argv = [*launch.prefix, *tail]
             preexec = _limits_preexec(
@@ -454,7 +486,22 @@ class PythonSandboxTool(Tool):
                 transport = getattr(proc, "_transport", None)
                 if transport is not None:
                     transport.close()
-            shutil.rmtree(scratch, ignore_errors=True)
+            await self._remove_scratch(scratch)
+
+    @staticmethod
+    async def _remove_scratch(scratch: str) -> None:
+        """Remove a call's host scratch directory (empty under bwrap, whose scratch is a tmpfs).
+
+        `remove_tree` runs in a worker thread, so a tree of many files does not stall the event
+        loop; a cancellation of the caller does not stop it (the thread finishes the removal).
+        """
+        work = asyncio.ensure_future(asyncio.to_thread(remove_tree, scratch))
+        try:
+            left = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            work.add_done_callback(lambda f: f.cancelled() or f.exception() or _report_left(scratch, f.result()))
+            raise
+        _report_left(scratch, left)
 
     async def _communicate(self, proc: asyncio.subprocess.Process, data: bytes,
                            timeout_s: float) -> SandboxRun:
@@ -565,6 +612,12 @@ def _capabilities(probed: _Probed, audit_hook: bool) -> dict[str, Any]:
         "layers": layers,
         "notes": list(probed.notes),
     }
+
+
+def _report_left(scratch: str, left: list[str]) -> None:
+    if left:
+        logger.error("python sandbox: scratch directory %s not fully removed: %s",
+                     scratch, "; ".join(left[:5]) + (f"; and {len(left) - 5} more" if len(left) > 5 else ""))
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:

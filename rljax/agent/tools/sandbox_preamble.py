@@ -7,11 +7,13 @@ See ``python_sandbox.py`` for what each rule of the hook is for.
 
 # The preamble runs first in the sandboxed interpreter. Its configuration is ``sys.argv[1]``
 # (JSON): ``drop`` ([uid, gid] to switch to before anything else, or null), ``read`` (extra
-# readable paths), ``hook`` (install the audit hook). It then installs the audit hook and
+# readable paths), ``hook`` (install the audit hook), ``files`` (how many files, directories
+# and links the code may create; the hook counts them with an ``itertools.count``, which the
+# code cannot reset even where it reaches the hook's frame). It then installs the audit hook and
 # executes the code read from stdin. Everything the hook uses is bound as a default argument so
 # that rebinding module globals or builtins from the untrusted code does not affect it.
 PREAMBLE = r"""
-import sys, os, json, traceback, _imp
+import sys, os, json, traceback, _imp, itertools
 _cfg = json.loads(sys.argv[1])
 del sys.argv[1:]
 if _cfg["drop"] is not None:
@@ -23,7 +25,7 @@ if _cfg["drop"] is not None:
     os.setresuid(_u, _u, _u)
     if os.getresuid() != (_u, _u, _u) or os.getresgid() != (_g, _g, _g) or os.getgroups():
         os._exit(125)
-def _install(scratch, stdlib, extra_read):
+def _install(scratch, stdlib, extra_read, max_files):
     own_proc = "/proc/" + str(os.getpid())
     read_roots = (scratch, own_proc, "/dev/null", "/dev/zero", "/dev/full", "/dev/random",
                   "/dev/urandom", "/usr/share/zoneinfo") + tuple(stdlib) + tuple(extra_read)
@@ -66,7 +68,10 @@ def _install(scratch, stdlib, extra_read):
         return path[:path.rfind("/")] if "/" in path else ""
     def hook(event, args, _scratch=scratch, _read_roots=read_roots, _native_roots=tuple(stdlib),
              _any=any, _len=len, _tuple=tuple, _realpath=real, _isdir=isdir, _join=join,
-             _dirname=dirname, _getcwd=posix.getcwd, _listdir=posix.listdir,
+             _dirname=dirname, _getcwd=posix.getcwd, _lstat=posix.lstat,
+             _made=itertools.count(), _next=next, _max_files=max_files, _ValueError=ValueError,
+             _CREATE_EVENTS=frozenset({"os.mkdir", "os.symlink", "os.link", "os.mkfifo",
+                                       "os.mknod"}), _listdir=posix.listdir,
              _readlink=posix.readlink, _fspath=posix.fspath, _fsenc=sys.getfilesystemencoding(),
              _isinstance=isinstance, _int=int, _str=str, _bytes=bytes, _sep="/",
              _PermissionError=PermissionError, _OSError=OSError, _TypeError=TypeError,
@@ -103,6 +108,15 @@ def _install(scratch, stdlib, extra_read):
                                     "__kwdefaults__"})):
         def deny(what):
             raise _PermissionError("sandbox: " + what + " is not allowed")
+        def made(what):
+            if _next(_made) >= _max_files:
+                deny(what + " beyond " + _str(_max_files) + " new files and directories per call")
+        def exists(p):
+            try:
+                _lstat(p)
+                return True
+            except (_OSError, _TypeError, _ValueError):
+                return False
         def under(full, roots):
             return _any(full == r or full.startswith(r + _sep) for r in roots)
         def resolve(p):
@@ -169,22 +183,31 @@ def _install(scratch, stdlib, extra_read):
                         deny("opening a directory outside the scratch directory")
             if writing:
                 check_write(path, "writing outside the scratch directory")
+                if not exists(path):
+                    made("creating a file")
             else:
                 check_read(path)
+        elif event in _CREATE_EVENTS:
+            made(event)
+            if event == "os.symlink":
+                src, dst = args[0], args[1]
+                check_write(dst, "os.symlink outside the scratch directory")
+                s, d = _fspath(src), _fspath(dst)
+                s = s.decode(_fsenc, "surrogateescape") if _isinstance(s, _bytes) else s
+                d = d.decode(_fsenc, "surrogateescape") if _isinstance(d, _bytes) else d
+                # the link's target is resolved from the directory the link is in
+                check_write(s if s.startswith(_sep) else _join(_dirname(d) or ".", s),
+                            "a symlink pointing outside the scratch directory")
+            else:
+                for a in args:
+                    if _isinstance(a, (_str, _bytes)) or (a is not None and not _isinstance(a, _int)
+                                                          and _hasattr(a, "__fspath__")):
+                        check_write(a, event + " outside the scratch directory")
         elif event in _PATH_EVENTS:
             for a in args:
                 if _isinstance(a, (_str, _bytes)) or (a is not None and not _isinstance(a, _int)
                                                       and _hasattr(a, "__fspath__")):
                     check_write(a, event + " outside the scratch directory")
-        elif event == "os.symlink":
-            src, dst = args[0], args[1]
-            check_write(dst, "os.symlink outside the scratch directory")
-            s, d = _fspath(src), _fspath(dst)
-            s = s.decode(_fsenc, "surrogateescape") if _isinstance(s, _bytes) else s
-            d = d.decode(_fsenc, "surrogateescape") if _isinstance(d, _bytes) else d
-            # the link's target is resolved from the directory the link is in
-            check_write(s if s.startswith(_sep) else _join(_dirname(d) or ".", s),
-                        "a symlink pointing outside the scratch directory")
         elif event in _READ_EVENTS:
             check_read(args[0])
         elif event.startswith("socket."):
@@ -205,7 +228,7 @@ def _install(scratch, stdlib, extra_read):
 if _cfg["hook"]:
     _install(os.path.realpath(os.getcwd()),
              [os.path.realpath(p) for p in sys.path if p and os.path.exists(p)],
-             [os.path.realpath(p) for p in _cfg["read"]])
+             [os.path.realpath(p) for p in _cfg["read"]], _cfg["files"])
 del _install, _cfg
 _src = sys.stdin.read()
 sys.stdin.close()
