@@ -61,11 +61,14 @@ class StepBatch:
 
     input_ids: Array  # [B, T] i32 prompt + response tokens, right-padded
     attention_mask: Array  # [B, T] i32 1 = a real token, 0 = padding
-    response_mask: Array  # [B, T] f32 1 = sampled by the policy (the loss applies); 0 = prompt, observation, padding, rejected by rollout correction
+    # [B, T] f32 1 = sampled by the policy (the loss applies); 0 = prompt, observation, padding, rejected
+    response_mask: Array
     rollout_log_probs: Array  # [B, T] f32 the sampler's log-prob of each sampled token, 0 elsewhere
     token_level_scores: Array  # [B, T] f32 the sample's score on its last sampled token, 0 elsewhere
     group_ids: Array  # [B] i32 the prompt each sample came from (GRPO / RLOO groups), 0..G-1 in the trainer
-    expert_ids: Array | None = None  # [B, T, L, k] i32 the experts the sampler routed each token to per layer, -1 = none (padding, each row's last token); actor.router_replay
+    # [B, T, L, k] i32 the experts the sampler routed each token to per layer, -1 = none (padding, each
+    # row's last token); actor.router_replay
+    expert_ids: Array | None = None
     reward_baselines: Array | None = None  # [B] f32 the greedy response's score to the same prompt; ReMax
     old_log_probs: Array | None = None  # [B, T] f32 the policy's before the update (the sampler's when reused)
     ref_log_probs: Array | None = None  # [B, T] f32 the frozen reference's; a per-token KL in the loss or reward
