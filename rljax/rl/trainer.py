@@ -1,8 +1,8 @@
 """The RL loop (PPO, GRPO and relatives): a short loop over pure, jitted pieces.
 
-    prompts ─► sampler (rollout.n each) ─► rewards ─► old / ref log-probs, values
-            ─► advantages ─► ppo_epochs x mini-batches of critic and actor updates
-            ─► new weights into the sampler
+    prompts ─► producer: sampler (rollout.n each) ─► rewards
+            ─► old / ref log-probs, values ─► advantages
+            ─► ppo_epochs x mini-batches of critic and actor updates ─► new weights into the sampler
 
 Everything heavy is a jitted function of arrays: the forward passes here, the train step
 of `rljax.train.steps` (shared with SFT / DPO), the estimators and losses of
@@ -10,7 +10,8 @@ of `rljax.train.steps` (shared with SFT / DPO), the estimators and losses of
 data position) with `trainer.resume_mode=auto`.
 
 Modules, one job each: the run's folder, checkpoints, resume and metrics (`rljax.runs`,
-shared with the supervised loop), the typed step batch (`rljax.rl.batch`), the trained
+shared with the supervised loop), the rollouts (`rljax.rl.producer`: depth 0 here, each
+step samples with its own weights), the typed step batch (`rljax.rl.batch`), the trained
 modules and their mini-batch updates (`rljax.rl.learner`), the jitted forwards outside
 the optimizer (`rljax.rl.forwards`), KL in the reward, rollout correction and advantages
 (`rljax.rl.advantage_stage`), what a step reports (`rljax.rl.step_metrics`); here, the
@@ -44,7 +45,8 @@ from rljax.rl.forwards import BatchForwards, make_log_prob_fn
 from rljax.rl.generation import Generation
 from rljax.rl.learner import make_learner
 from rljax.rl.objectives import ActorBatch, CriticBatch, actor_objective, critic_objective
-from rljax.rl.scoring import ScoredRollout, dynamic_sampling, sampling_params
+from rljax.rl.producer import SyncProducer
+from rljax.rl.scoring import ScoredRollout, sampling_params
 from rljax.rl.step_metrics import Timer, batch_metrics, rollout_mismatch, throughput
 from rljax.rl.warmup import run_warmup_sft
 from rljax.runs import Run
@@ -96,6 +98,10 @@ class RLTrainer:
 
         self.generation = Generation(cfg, decoder, self.tokenizer, self.agent_config,
                                      lambda: self.actor.params, self.mesh)
+        fg = alg.filter_groups
+        self.producer = SyncProducer(lambda prompts, params, offset: self.generate_round(prompts, params, offset),
+                                     lambda: next(self.train_data), cfg.data.batch_size, fg if fg.enable else None,
+                                     self.fields.reward_baselines)
         # reference-answer perplexity in validation is scored at temperature 1
         self.val_log_probs = None if self.agent_config is not None else (
             self.forwards.log_probs if r.temperature == 1.0 else make_log_prob_fn(self.actor.graphdef, 1.0))
@@ -111,28 +117,13 @@ class RLTrainer:
     # ---- one iteration -----------------------------------------------------------------
 
     def rollout(self, timer: Timer) -> ScoredRollout:
+        """The step's rollout: its prompts submitted to the producer with the sampler's
+        policy version (this step's), and collected at once (depth 0)."""
         cfg = self.cfg
         params = sampling_params(cfg, self.step_count)
-
-        def generate_round(prompts, offset):
-            return self.generate_round(prompts, params, offset)
-
         with timer("gen"):
-            if cfg.algorithm.filter_groups.enable:
-                fg = cfg.algorithm.filter_groups
-                rollout = dynamic_sampling(lambda: next(self.train_data), generate_round, cfg.data.batch_size,
-                                           fg.max_num_gen_batches, fg.metric)
-            else:
-                prompts = next(self.train_data)
-                rollout = generate_round(prompts, 0)
-                if self.fields.reward_baselines:  # ReMax: a greedy sample per prompt
-                    greedy = dataclasses.replace(params, n=1, temperature=0.0)
-                    base = self.generate_round(prompts, greedy, 0)
-                    baselines = {s.group_id: s.score for s in base.samples}
-                    rollout.metrics["critic/reward_baseline/mean"] = float(np.mean(list(baselines.values())))
-                    for s in rollout.samples:
-                        s.baseline = baselines[s.group_id]
-        return rollout
+            self.producer.submit(next(self.train_data), self.step_count, params)
+            return self.producer.collect()
 
     def generate_round(self, prompts: dict[str, list], params, offset: int) -> ScoredRollout:
         """One round of sampling and scoring (`rljax.rl.generation.Generation.round`)."""
