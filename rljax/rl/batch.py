@@ -50,7 +50,7 @@ class Sample:
     truncated: bool = False  # the response hit the length limit
     baseline: float = 0.0  # ReMax: the score of the greedy response to the same prompt
     expert_ids: np.ndarray | None = None  # [P + R, L, k] int32: recorded routing (`Completion.expert_ids`)
-    policy_version: int | None = None  # learner steps behind the weights that sampled it (`rljax.rl.producer`)
+    policy_version: int | None = None  # the learner steps in the weights that sampled it (`rljax.rl.producer`)
 
 
 @jax.tree_util.register_dataclass

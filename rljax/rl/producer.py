@@ -4,8 +4,8 @@ with the policy version that sampled it (`Sample.policy_version`).
     producer.submit(prompts, policy_version, params)   # a step's prompts, to be sampled
     rollout = producer.collect()                        # the oldest submitted batch, scored
 
-A policy version counts the learner's steps behind the weights the sampler holds (the
-trainer's `step_count`: step k samples with the weights of k updates). `SyncProducer`
+A policy version is the number of learner steps whose updates the sampler's weights
+hold (the trainer's `step_count`: step k samples with the weights of k steps). `SyncProducer`
 is the depth-0 producer: `submit` samples at once with the sampler's current weights,
 and the trainer collects before it updates, so every sample is on-policy. A producer
 with depth d would let `collect` return batches sampled up to d versions ago; the
