@@ -13,7 +13,7 @@ metrics split a step:
     gen            sampling (+ reward scoring) of data.batch_size x rollout.n samples
     old_log_prob   the actor's forward over the batch (old log-probs)
     ref            the reference model's forward (KL loss)
-    adv            advantages (host numpy)
+    adv            the advantage stage: KL in the reward, advantages (`rljax.rl.advantage_stage`)
     update_actor   the actor's optimizer step(s)
     update_weights new weights into the sampler
     step           the whole iteration

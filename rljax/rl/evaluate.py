@@ -55,9 +55,9 @@ def reference_nll(log_probs: LogProbFn, params, samples: list[Sample], cfg: RLCo
     """Summed NLL and token count of each sample's response (float64 `[N]` each)."""
     padded = samples + [samples[0]] * (-len(samples) % rows_multiple)  # rows divide the mesh
     batch = build_batch(padded, cfg.row_bucket, cfg.row_length)
-    ids, mask = shard({"i": batch["input_ids"], "m": batch["attention_mask"]}).values()
+    ids, mask = shard({"i": batch.input_ids, "m": batch.attention_mask}).values()
     lp = np.asarray(fetch(log_probs(params, ids, mask)), np.float64)[: len(samples)]
-    scored = batch["response_mask"][: len(samples)].astype(np.float64)
+    scored = batch.response_mask[: len(samples)].astype(np.float64)
     return -(lp * scored).sum(-1), scored.sum(-1)
 
 

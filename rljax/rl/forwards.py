@@ -4,7 +4,8 @@ log-probs, the exact KL to the reference, the critic's values.
 Each is a function of (params, input_ids, attention_mask) arrays, jitted once per graph,
 so the trainer, validation perplexity and `rljax eval` share the compiled program. Every
 per-token result is `[B, T]` and aligned with `input_ids` (`rljax.algos.log_probs`).
-`BatchForwards` runs the ones a config needs on a step's batch.
+`BatchForwards` runs the ones a config needs on a step's batch (`StepBatch` -> a new
+`StepBatch` with their fields, `rljax.rl.batch.BatchFields`).
 
 Routing replay (`actor.router_replay`, MoE): the policy's forwards here (old log-probs,
 the policy side of the exact KL) take the batch's recorded `expert_ids` `[B, T, L, k]`;
@@ -14,15 +15,16 @@ so a KL term reads token log-probs only and never router logits.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
-import numpy as np
 from flax import nnx
 
-from rljax.algos.kl import FULL_KL, kl_from_hidden
+from rljax.algos.kl import kl_from_hidden
 from rljax.hostsync import fetch, place_batch
+from rljax.rl.batch import BatchFields, StepBatch
 from rljax.rl.config import RLConfig
 from rljax.rl.objectives import aligned_values
 from rljax.rl.step_metrics import Timer
@@ -67,7 +69,7 @@ def make_value_fn(graphdef: nnx.GraphDef):
 
     @jax.jit
     def values(params, input_ids, attention_mask):
-        return aligned_values(nnx.merge(graphdef, params), {"input_ids": input_ids, "attention_mask": attention_mask})
+        return aligned_values(nnx.merge(graphdef, params), input_ids, attention_mask)
 
     return values
 
@@ -87,41 +89,42 @@ class BatchForwards:
     @classmethod
     def of(cls, cfg: RLConfig, actor: nnx.GraphDef, critic: nnx.GraphDef | None = None) -> BatchForwards:
         a, alg, temperature = cfg.actor, cfg.algorithm, cfg.rollout.temperature
+        fields = BatchFields.of(cfg)
         return cls(
             reference_log_probs=make_log_prob_fn(actor, temperature, adapters=False) if cfg.model.lora.enabled else None,
             log_probs=make_log_prob_fn(actor, temperature),
             reuse_rollout_log_probs=a.use_rollout_log_probs or alg.rollout_correction.bypass_mode,
-            ref_log_probs=((a.use_kl_loss and a.kl_loss_type != FULL_KL)
-                           or (alg.use_kl_in_reward and alg.kl_penalty != FULL_KL)),
-            full_kl=(make_full_kl_fn(actor, temperature) if alg.use_kl_in_reward and alg.kl_penalty == FULL_KL
-                     else None),
-            values=None if critic is None else make_value_fn(critic), router_replay=a.router_replay)
+            ref_log_probs=fields.ref_log_probs,
+            full_kl=make_full_kl_fn(actor, temperature) if fields.full_kl else None,
+            values=None if critic is None else make_value_fn(critic), router_replay=fields.expert_ids)
 
-    def fill(self, batch: dict[str, np.ndarray], mesh, timer: Timer, actor_params, reference=None,
-             critic_params=None) -> None:
-        """Add `old_log_probs` and, as configured, `ref_log_probs`, `full_kl` and `values`
-        (`[B, T]` each, on the host) to the step batch. `reference` None: the reference is
-        the policy with its LoRA adapters off (its params are `actor_params`)."""
+    def run(self, batch: StepBatch, mesh, timer: Timer, actor_params, reference=None,
+            critic_params=None) -> StepBatch:
+        """`batch` with `old_log_probs` and, as configured, `ref_log_probs`, `full_kl` and
+        `values` (`[B, T]` each, on the host). `reference` None: the reference is the policy
+        with its LoRA adapters off (its params are `actor_params`)."""
         reference = actor_params if reference is None else reference
         ref_log_probs = self.reference_log_probs or self.log_probs
         # every process holds the whole batch, and gets every result whole
-        ids, mask = place_batch({"i": batch["input_ids"], "m": batch["attention_mask"]}, mesh).values()
+        ids, mask = place_batch({"i": batch.input_ids, "m": batch.attention_mask}, mesh).values()
         experts = None  # [B, T, L, k] the sampler's routing, replayed in the policy's forwards
         if self.router_replay:
-            if "expert_ids" not in batch:
+            if batch.expert_ids is None:
                 raise ValueError("actor.router_replay: the rollout recorded no routing (expert_ids)")
-            experts = place_batch({"e": batch["expert_ids"]}, mesh)["e"]
+            experts = place_batch({"e": batch.expert_ids}, mesh)["e"]
+        filled = {}
         with timer("old_log_prob"):
             if self.reuse_rollout_log_probs:
-                batch["old_log_probs"] = batch["rollout_log_probs"].copy()
+                filled["old_log_probs"] = batch.rollout_log_probs.copy()
             else:
-                batch["old_log_probs"] = fetch(self.log_probs(actor_params, ids, mask, experts))
+                filled["old_log_probs"] = fetch(self.log_probs(actor_params, ids, mask, experts))
         if self.ref_log_probs:
             with timer("ref"):
-                batch["ref_log_probs"] = fetch(ref_log_probs(reference, ids, mask))
+                filled["ref_log_probs"] = fetch(ref_log_probs(reference, ids, mask))
         if self.full_kl is not None:
             with timer("ref"):
-                batch["full_kl"] = fetch(self.full_kl(actor_params, reference, ids, mask, experts))
+                filled["full_kl"] = fetch(self.full_kl(actor_params, reference, ids, mask, experts))
         if self.values is not None:
             with timer("values"):
-                batch["values"] = fetch(self.values(critic_params, ids, mask)) * batch["response_mask"]
+                filled["values"] = fetch(self.values(critic_params, ids, mask)) * batch.response_mask
+        return dataclasses.replace(batch, **filled)

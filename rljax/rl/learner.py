@@ -2,12 +2,14 @@
 the mini-batch updates of one RL step.
 
 The update itself is the shared jitted train step (`rljax.train.steps.make_train_step`);
-here the step batch is cut into `ppo_mini_batch_size x rollout.n` row mini-batches, one
-optimizer step each, `ppo_epochs` times.
+here the step batch's view its objective reads (`inputs`, e.g.
+`rljax.rl.objectives.ActorBatch`) is cut into `ppo_mini_batch_size x rollout.n` row
+mini-batches, one optimizer step each, `ppo_epochs` times.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -18,6 +20,7 @@ from flax import nnx
 from rljax.hostsync import place_batch
 from rljax.models.lora import join
 from rljax.parallel import data_parallel_size
+from rljax.rl.batch import StepBatch, present, select_rows, take
 from rljax.rl.config import RLConfig
 from rljax.train.optim import OptimConfig, make_optimizer
 from rljax.train.setup import init_sharded_train_state, place_trainable, train_state_shardings
@@ -34,7 +37,7 @@ class Learner:
     mini_batch_rows: int
     epochs: int
     shuffle: bool
-    keys: tuple[str, ...]  # the batch entries the objective reads
+    inputs: type  # the view of the step batch the objective reads (`rljax.rl.batch.take`)
     base: nnx.State  # the module's frozen weights (LoRA: the base model; else empty), never donated
 
     @property
@@ -42,16 +45,17 @@ class Learner:
         """The whole module's state: trained params and frozen base (the same arrays)."""
         return join(self.state.params, self.base)
 
-    def update(self, batch: dict[str, np.ndarray], mesh, rng: np.random.Generator, frozen=None) -> dict[str, float]:
+    def update(self, batch: StepBatch, mesh, rng: np.random.Generator, frozen=None) -> dict[str, float]:
         """`epochs` passes over the batch in mini-batches, one optimizer step each; the
         metrics are averaged over the updates."""
-        rows = batch["input_ids"].shape[0]
+        view = take(self.inputs, batch)
+        rows = batch.rows
         outputs = []
         for _ in range(self.epochs):
             order = rng.permutation(rows) if self.shuffle else np.arange(rows)  # [rows]
             for start in range(0, rows, self.mini_batch_rows):
-                idx = order[start : start + self.mini_batch_rows]
-                mini = place_batch({k: batch[k][idx] for k in self.keys}, mesh)
+                mini = select_rows(view, order[start : start + self.mini_batch_rows])
+                mini = dataclasses.replace(mini, **place_batch(present(mini), mesh))
                 self.state, metrics = self.step(self.state, mini, frozen, self.base)
                 outputs.append(metrics)
         host = jax.device_get(outputs)
@@ -95,15 +99,17 @@ def learner_update(graphdef: nnx.GraphDef, params, optim: OptimConfig, objective
 
 
 def make_learner(module: nnx.Module, optim: OptimConfig, objective, totals_fn, cfg: RLConfig, mesh,
-                 mini_prompts: int, micro_per_device: int, epochs: int, shuffle: bool, keys, seed: int) -> Learner:
+                 mini_prompts: int, micro_per_device: int, epochs: int, shuffle: bool, inputs: type,
+                 seed: int) -> Learner:
     """Place `module` on the mesh, build its optimizer and train step (`learner_update`,
     over the trainable params: with LoRA the adapters and a head) and its sharded
-    TrainState; the frozen base stays beside it."""
+    TrainState; the frozen base stays beside it. `inputs`: the view of the step batch
+    `objective` reads."""
     graphdef, params, base = place_trainable(module, mesh)
     update = learner_update(graphdef, params, optim, objective, totals_fn, cfg, mesh, mini_prompts,
                             micro_per_device, epochs)
     state = init_sharded_train_state(params, update.optimizer, seed, mesh)
-    return Learner(graphdef, state, update.step, update.mini_rows, epochs, shuffle, tuple(keys), base)
+    return Learner(graphdef, state, update.step, update.mini_rows, epochs, shuffle, inputs, base)
 
 
 def _updates_per_step(cfg: RLConfig, mini_prompts: int, epochs: int) -> int:

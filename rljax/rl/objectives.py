@@ -19,19 +19,24 @@ its row count (R = rows in the mini-batch), so that ratio is exactly L.
 
 The policy-gradient term is multiplied by the rollout-correction IS weights
 (`algorithm.rollout_correction`, see `RolloutCorrectionSection`): in decoupled mode the
-trainer computed them on the step batch (`batch["rollout_is_weights"]`) and already
+advantage stage computed them on the step batch (`rollout_is_weights`) and already
 removed rejected tokens from `response_mask`; in bypass mode they are computed here from
 the current policy. `key` (the step's PRNG key, `rljax.train.steps.step_key`) drives
 Clip-Cov's random token selection.
 
 Routing replay (`actor.router_replay`, MoE): the policy's forward routes each token to
-the experts the sampler recorded (`batch["expert_ids"]`, `rljax.models.moe.replay_routing`);
+the experts the sampler recorded (`expert_ids`, `rljax.models.moe.replay_routing`);
 the KL term reads token log-probs (and, for "full", the reference's own forward) only,
 never router logits or routing options.
+
+Each objective reads its own view of the step batch (`ActorBatch`, `CriticBatch`: their
+fields are `rljax.rl.batch.StepBatch` fields, `take`), so a learner moves only those rows
+to the devices; an optional field is None when the run's batches do not hold it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import jax
@@ -46,9 +51,38 @@ from rljax.algos.registry import get_policy_loss_fn, loss_denominator
 from rljax.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
 from rljax.algos.router_loss import load_balancing_loss
 from rljax.algos.value import compute_value_loss
+from rljax.rl.advantage_stage import correction_kwargs
+from rljax.rl.batch import Array
 from rljax.rl.config import ActorConfig, CriticConfig, RolloutCorrectionSection
 
 sg = jax.lax.stop_gradient
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class ActorBatch:
+    """What the actor's objective reads of the step batch (B rows of a mini-batch)."""
+
+    input_ids: Array  # [B, T] i32
+    attention_mask: Array  # [B, T] i32
+    response_mask: Array  # [B, T] f32 the tokens the loss applies to
+    old_log_probs: Array  # [B, T] f32 pi_old (the sampler's in bypass mode)
+    advantages: Array  # [B, T] f32
+    ref_log_probs: Array | None = None  # [B, T] f32 the reference's; a per-token KL loss reads it
+    rollout_is_weights: Array | None = None  # [B, T] f32 decoupled rollout correction's IS weights
+    expert_ids: Array | None = None  # [B, T, L, k] i32 routing to replay (actor.router_replay)
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class CriticBatch:
+    """What the critic's objective reads of the step batch (B rows of a mini-batch)."""
+
+    input_ids: Array  # [B, T] i32
+    attention_mask: Array  # [B, T] i32
+    response_mask: Array  # [B, T] f32 the tokens the loss applies to
+    values: Array  # [B, T] f32 the critic's before the update (value clipping)
+    returns: Array  # [B, T] f32 the targets
 
 
 def full_kl_to_reference(model, hidden, batch, reference_params, temperature: float) -> jax.Array:
@@ -56,8 +90,7 @@ def full_kl_to_reference(model, hidden, batch, reference_params, temperature: fl
     chunked: `kl_from_hidden`); the reference is `model`'s graph with the frozen params (None:
     `model` itself with its LoRA adapters off), and no gradient flows into it."""
     reference = model if reference_params is None else nnx.merge(nnx.graphdef(model), reference_params)
-    ref_hidden = sg(reference.hidden_states(batch["input_ids"], attention_mask=batch["attention_mask"],
-                                            adapters=False))
+    ref_hidden = sg(reference.hidden_states(batch.input_ids, attention_mask=batch.attention_mask, adapters=False))
     return kl_from_hidden(hidden, model.unembedding(), ref_hidden, sg(reference.unembedding()),
                           temperature=temperature)
 
@@ -69,23 +102,13 @@ def effective_loss_mode(actor: ActorConfig, correction: RolloutCorrectionSection
     return actor.policy_loss.loss_mode
 
 
-def correction_kwargs(correction: RolloutCorrectionSection) -> dict:
-    """`compute_rollout_correction_and_rejection_mask` keyword arguments of the config."""
-    return dict(rollout_is=correction.rollout_is, rollout_is_threshold=correction.rollout_is_threshold,
-                rollout_is_mode=correction.rollout_is_mode,
-                rollout_is_batch_normalize=correction.rollout_is_batch_normalize,
-                rollout_rs=correction.rollout_rs, rollout_rs_threshold=correction.rollout_rs_threshold,
-                rollout_is_veto_threshold=correction.rollout_token_veto_threshold)
-
-
 def actor_objective(actor: ActorConfig, temperature: float,
                     correction: RolloutCorrectionSection | None = None) -> tuple[Callable, Callable]:
-    """-> (objective, totals_fn) for `make_train_step`.
+    """-> (objective, totals_fn) for `make_train_step`, on `ActorBatch` mini-batches.
 
-    The batch holds input_ids, attention_mask, response_mask, old_log_probs, advantages;
-    ref_log_probs for a per-token KL loss; rollout_is_weights in decoupled rollout
-    correction with `rollout_is` set. `frozen` is the reference's params (a KL loss of type
-    "full" runs the reference forward on them)."""
+    The batch holds ref_log_probs for a per-token KL loss, rollout_is_weights in decoupled
+    rollout correction with `rollout_is` set. `frozen` is the reference's params (a KL loss
+    of type "full" runs the reference forward on them)."""
     correction = correction or RolloutCorrectionSection()
     mode = actor.loss_agg_mode
     loss_mode = effective_loss_mode(actor, correction)
@@ -97,34 +120,34 @@ def actor_objective(actor: ActorConfig, temperature: float,
         """Global denominators of the mini-batch, counted from its mask alone: the policy
         loss's as it declares (its fixed mode, or `loss_agg_mode`), and `loss_agg_mode`'s."""
         return {
-            "pg": loss_denominator(loss_mode, batch["response_mask"], mode),
-            "agg": agg_denominator(batch["response_mask"], mode),
-            "rows": jnp.asarray(batch["input_ids"].shape[0], jnp.float32),
+            "pg": loss_denominator(loss_mode, batch.response_mask, mode),
+            "agg": agg_denominator(batch.response_mask, mode),
+            "rows": jnp.asarray(batch.input_ids.shape[0], jnp.float32),
         }
 
     def pg_weights_and_mask(batch, log_prob):
         """(IS weights or None, the policy-gradient term's mask, metrics)."""
-        mask = batch["response_mask"]
-        if not bypass:  # decoupled: computed on the step batch by the trainer
-            return batch.get("rollout_is_weights"), mask, {}
+        mask = batch.response_mask
+        if not bypass:  # decoupled: computed on the step batch by the advantage stage
+            return batch.rollout_is_weights, mask, {}
         # bypass: old_log_probs are the sampler's; rho = pi_theta / pi_rollout, no gradient (verl)
         weights, kept, metrics = compute_rollout_correction_and_rejection_mask(
-            sg(log_prob), batch["old_log_probs"], mask, **correction_kwargs(correction))
+            sg(log_prob), batch.old_log_probs, mask, **correction_kwargs(correction))
         # ppo_clip: the ratio already is pi_theta / pi_rollout; the weights are metrics only
         return (weights if correction.loss_type == "reinforce" else None), kept, metrics
 
     def objective(model, batch, frozen, totals, key):
-        mask = batch["response_mask"]
+        mask = batch.response_mask
         hidden, routing = model.hidden_states_and_routing(  # [B, T, E], per-layer routing statistics
-            batch["input_ids"], attention_mask=batch["attention_mask"],
-            expert_ids=batch["expert_ids"] if actor.router_replay else None)
-        log_prob, entropy = log_probs_from_hidden(hidden, model.unembedding(), batch["input_ids"],
+            batch.input_ids, attention_mask=batch.attention_mask,
+            expert_ids=batch.expert_ids if actor.router_replay else None)
+        log_prob, entropy = log_probs_from_hidden(hidden, model.unembedding(), batch.input_ids,
                                                   temperature=temperature, compute_entropy=True)
         weights, pg_mask, metrics = pg_weights_and_mask(batch, log_prob)
-        pg, pg_metrics = loss_fn(batch["old_log_probs"], log_prob, batch["advantages"], pg_mask, mode, config,
+        pg, pg_metrics = loss_fn(batch.old_log_probs, log_prob, batch.advantages, pg_mask, mode, config,
                                  weights, key=key, global_denominator=totals["pg"])
         metrics.update(pg_metrics)
-        rows = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+        rows = jnp.asarray(batch.input_ids.shape[0], jnp.float32)
         # a term's share of the mini-batch value, as a metric: the step weighs metrics by `rows`
         # and sums, so sum_m rows_m * (term_m * R / rows_m) / R = the mini-batch's term, exactly
         as_metric = lambda term: sg(term * totals["rows"] / rows)  # noqa: E731
@@ -136,7 +159,7 @@ def actor_objective(actor: ActorConfig, temperature: float,
             if actor.kl_loss_type == FULL_KL:
                 kld = full_kl_to_reference(model, hidden, batch, frozen, temperature)
             else:
-                kld = kl_penalty(log_prob, batch["ref_log_probs"], actor.kl_loss_type)
+                kld = kl_penalty(log_prob, batch.ref_log_probs, actor.kl_loss_type)
             kl_loss = safe_divide(agg_loss_terms(kld, mask, mode, actor.loss_scale_factor).numerator, totals["agg"])
             loss = loss + actor.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = as_metric(kl_loss)  # agg(kl), as verl
@@ -145,7 +168,7 @@ def actor_objective(actor: ActorConfig, temperature: float,
             raise ValueError(f"actor.router_aux_loss_coef={actor.router_aux_loss_coef}: the model "
                              f"({model.config.model_type}) is not a mixture of experts")
         if routing is not None:
-            tokens = jnp.sum(batch["attention_mask"].astype(jnp.float32)) * routing.counts.shape[0]
+            tokens = jnp.sum(batch.attention_mask.astype(jnp.float32)) * routing.counts.shape[0]
             aux = load_balancing_loss(routing.counts, routing.prob_sum, tokens)
             loss = loss + actor.router_aux_loss_coef * aux * rows / totals["rows"]  # rows-weighted mean
             metrics["actor/router_aux_loss"] = sg(aux)  # the step weighs metrics by rows: the same mean
@@ -156,20 +179,22 @@ def actor_objective(actor: ActorConfig, temperature: float,
 
 
 def critic_objective(critic: CriticConfig) -> Callable:
-    """Clipped value loss on a `ScalarHeadModel`; values are aligned with input_ids (the
-    value of token t is read from the hidden state that predicts it, position t-1). One
-    term, so its own (numerator, denominator) is already micro-batch exact."""
+    """Clipped value loss on a `ScalarHeadModel`, on `CriticBatch` mini-batches; values are
+    aligned with input_ids (the value of token t is read from the hidden state that
+    predicts it, position t-1). One term, so its own (numerator, denominator) is already
+    micro-batch exact."""
 
     def objective(model, batch, frozen, totals, key=None):
-        vpreds = aligned_values(model, batch)
-        terms, metrics = compute_value_loss(vpreds, batch["returns"], batch["values"], batch["response_mask"],
+        vpreds = aligned_values(model, batch.input_ids, batch.attention_mask)
+        terms, metrics = compute_value_loss(vpreds, batch.returns, batch.values, batch.response_mask,
                                             critic.cliprange_value, critic.loss_agg_mode, return_terms=True)
-        metrics["critic/vpred_mean"] = jax.lax.stop_gradient(masked_mean(vpreds, batch["response_mask"]))
+        metrics["critic/vpred_mean"] = jax.lax.stop_gradient(masked_mean(vpreds, batch.response_mask))
         return terms, metrics
 
     return objective
 
 
-def aligned_values(model, batch) -> jax.Array:
-    values = model.token_values(batch["input_ids"], attention_mask=batch["attention_mask"])
+def aligned_values(model, input_ids, attention_mask) -> jax.Array:
+    """The critic's values `[B, T]`, aligned: token t's from the hidden state predicting it."""
+    values = model.token_values(input_ids, attention_mask=attention_mask)  # [B, T]
     return jnp.pad(values[:, :-1], ((0, 0), (1, 0)))

@@ -1,8 +1,8 @@
 """What an RL step reports besides its losses: timings, verl's data metrics (scores,
 rewards, advantages, lengths), sampler / trainer log-prob mismatch and throughput.
 
-Pure functions of the step batch and host numbers; the trainer merges them into the
-step's metrics.
+Pure functions of the step batch (`rljax.rl.batch.StepBatch`, host arrays) and host
+numbers; the trainer merges them into the step's metrics.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Callable
 
 import jax
 import numpy as np
+
+from rljax.rl.batch import StepBatch
 
 
 class Timer:
@@ -35,17 +37,17 @@ def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
             f"{prefix}/min": float(values.min())}
 
 
-def batch_metrics(batch: dict[str, np.ndarray], samples) -> dict[str, float]:
+def batch_metrics(batch: StepBatch, samples) -> dict[str, float]:
     """verl's data metrics: scores, rewards, advantages, returns, values, lengths."""
-    mask = batch["response_mask"] > 0  # [B, T]
-    seq_score = batch["token_level_scores"].sum(-1)  # [B]
+    mask = batch.response_mask > 0  # [B, T]
+    seq_score = batch.token_level_scores.sum(-1)  # [B]
     out = {}
     out.update(_stats("critic/score", seq_score))
-    out.update(_stats("critic/rewards", batch["token_level_rewards"].sum(-1)))
-    out.update(_stats("critic/advantages", batch["advantages"][mask]))
-    out.update(_stats("critic/returns", batch["returns"][mask]))
-    if "values" in batch:
-        out.update(_stats("critic/values", batch["values"][mask]))
+    out.update(_stats("critic/rewards", batch.token_level_rewards.sum(-1)))
+    out.update(_stats("critic/advantages", batch.advantages[mask]))
+    out.update(_stats("critic/returns", batch.returns[mask]))
+    if batch.values is not None:
+        out.update(_stats("critic/values", batch.values[mask]))
     response_lengths = np.asarray([len(s.response_ids) for s in samples], np.float32)
     out.update(_stats("response_length", response_lengths))
     out["response_length/clip_ratio"] = float(np.mean([s.truncated for s in samples]))
@@ -53,20 +55,20 @@ def batch_metrics(batch: dict[str, np.ndarray], samples) -> dict[str, float]:
     return out
 
 
-def rollout_mismatch(batch: dict[str, np.ndarray]) -> dict[str, float]:
+def rollout_mismatch(batch: StepBatch) -> dict[str, float]:
     """|sampler log-prob - trainer log-prob| over the response tokens: max and mean."""
-    diff = np.abs(batch["rollout_log_probs"] - batch["old_log_probs"])[batch["response_mask"] > 0]  # [tokens]
+    diff = np.abs(batch.rollout_log_probs - batch.old_log_probs)[batch.response_mask > 0]  # [tokens]
     return {"training/rollout_probs_diff_max": float(diff.max()) if diff.size else 0.0,
             "training/rollout_probs_diff_mean": float(diff.mean()) if diff.size else 0.0}
 
 
-def throughput(batch: dict[str, np.ndarray], elapsed: float, update_seconds: float, epochs: int,
+def throughput(batch: StepBatch, elapsed: float, update_seconds: float, epochs: int,
                flops_per_token: Callable[[int], float], flops_peak: float) -> dict[str, float]:
     """Tokens of the step, tokens per second per device, and (with a known peak) the
     actor update's model FLOPs utilisation over its `epochs` passes."""
-    tokens = float(batch["attention_mask"].sum())
+    tokens = float(batch.attention_mask.sum())
     out = {"perf/total_num_tokens": tokens, "perf/throughput": tokens / elapsed / jax.device_count()}
     if flops_peak:
-        flops = tokens * flops_per_token(batch["input_ids"].shape[1]) * epochs
+        flops = tokens * flops_per_token(batch.input_ids.shape[1]) * epochs
         out["perf/mfu"] = flops / update_seconds / flops_peak
     return out

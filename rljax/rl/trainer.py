@@ -1,8 +1,8 @@
 """The RL loop (PPO, GRPO and relatives): a short loop over pure, jitted pieces.
 
-    prompts ─► sampler (rollout.n each) ─► rewards ─► old / ref log-probs, values
-            ─► advantages ─► ppo_epochs x mini-batches of critic and actor updates
-            ─► new weights into the sampler
+    prompts ─► producer: sampler (rollout.n each) ─► rewards
+            ─► old / ref log-probs, values ─► advantages
+            ─► ppo_epochs x mini-batches of critic and actor updates ─► new weights into the sampler
 
 Everything heavy is a jitted function of arrays: the forward passes here, the train step
 of `rljax.train.steps` (shared with SFT / DPO), the estimators and losses of
@@ -10,15 +10,17 @@ of `rljax.train.steps` (shared with SFT / DPO), the estimators and losses of
 data position) with `trainer.resume_mode=auto`.
 
 Modules, one job each: the run's folder, checkpoints, resume and metrics (`rljax.runs`,
-shared with the supervised loop), the trained modules and their mini-batch updates
-(`rljax.rl.learner`), the jitted forwards outside the optimizer (`rljax.rl.forwards`),
-what a step reports (`rljax.rl.step_metrics`); here, the loop.
+shared with the supervised loop), the rollouts (`rljax.rl.producer`: depth 0 here, each
+step samples with its own weights), the typed step batch (`rljax.rl.batch`), the trained
+modules and their mini-batch updates (`rljax.rl.learner`), the jitted forwards outside
+the optimizer (`rljax.rl.forwards`), KL in the reward, rollout correction and advantages
+(`rljax.rl.advantage_stage`), what a step reports (`rljax.rl.step_metrics`); here, the
+loop. Each stage returns a new `StepBatch`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from typing import Any
 
@@ -27,42 +29,29 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rljax.algos.kl import FULL_KL, apply_kl_to_rewards, get_kl_controller, kl_penalty
-from rljax.algos.advantages import AdvantageInputs, compute_advantages
-from rljax.algos.registry import get_adv_estimator
-from rljax.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
+from rljax.algos.kl import get_kl_controller
 from rljax.checkpoint import abstract_like
 from rljax.config import ConfigError
 from rljax.data import make_dataset
 from rljax.models.heads import ScalarHeadModel
 from rljax.models.lora import sharing_base
 from rljax.parallel import make_mesh, state_shardings
+from rljax.rl.advantage_stage import AdvantageStage
 from rljax.rl.agent_rollout import agent_config
-from rljax.rl.batch import build_batch
+from rljax.rl.batch import BatchFields, StepBatch, build_batch
 from rljax.rl.config import RLConfig
 from rljax.rl.evaluate import validate
 from rljax.rl.forwards import BatchForwards, make_log_prob_fn
 from rljax.rl.generation import Generation
 from rljax.rl.learner import make_learner
-from rljax.rl.objectives import actor_objective, correction_kwargs, critic_objective
-from rljax.rl.scoring import ScoredRollout, dynamic_sampling
+from rljax.rl.objectives import ActorBatch, CriticBatch, actor_objective, critic_objective
+from rljax.rl.producer import SyncProducer
+from rljax.rl.scoring import ScoredRollout
 from rljax.rl.step_metrics import Timer, batch_metrics, rollout_mismatch, throughput
 from rljax.rl.warmup import run_warmup_sft
 from rljax.runs import Run
 from rljax.train.setup import build_decoder, peak_flops
 from rljax.train.skip_guard import SkipGuard
-
-ACTOR_KEYS = ("input_ids", "attention_mask", "response_mask", "old_log_probs", "advantages")
-CRITIC_KEYS = ("input_ids", "attention_mask", "response_mask", "values", "returns")
-
-
-def actor_keys(cfg: RLConfig) -> tuple[str, ...]:
-    """The step-batch entries the actor's objective reads, as the config asks."""
-    a, corr = cfg.actor, cfg.algorithm.rollout_correction
-    return ACTOR_KEYS + (("ref_log_probs",) if a.use_kl_loss and a.kl_loss_type != FULL_KL else ()) + (
-        ("rollout_is_weights",) if corr.rollout_is is not None and not corr.bypass_mode else ()) + (
-        ("expert_ids",) if a.router_replay else ())
-
 
 class RLTrainer:
     """Holds the run's pieces; `step()` runs one RL iteration, `fit()` the whole run."""
@@ -84,19 +73,16 @@ class RLTrainer:
         corr = alg.rollout_correction
         objective, totals = actor_objective(a, r.temperature, corr)
         self.actor = make_learner(decoder, a.optim, objective, totals, cfg, self.mesh, a.ppo_mini_batch_size,
-                                  a.ppo_micro_batch_size_per_device, a.ppo_epochs, a.shuffle, actor_keys(cfg),
+                                  a.ppo_micro_batch_size_per_device, a.ppo_epochs, a.shuffle, ActorBatch,
                                   cfg.trainer.seed)
-        # decoupled rollout correction: weights and rejections on the step batch (bypass: in the loss)
-        self.rollout_correction = (jax.jit(functools.partial(compute_rollout_correction_and_rejection_mask,
-                                                             **correction_kwargs(corr)))
-                                   if corr.enabled and not corr.bypass_mode else None)
+        self.fields = BatchFields.of(cfg)  # the optional fields of every step batch
+        self.advantage_stage = AdvantageStage.of(cfg)
         self.reference = None  # with LoRA the reference is the policy with its adapters off: no copy
         if (a.use_kl_loss or alg.use_kl_in_reward) and not cfg.model.lora.enabled:  # frozen copy of the initial policy
             params = self.actor.state.params
             self.reference = jax.device_put(jax.tree.map(jnp.copy, params), state_shardings(params, self.mesh))
-        self.estimator = get_adv_estimator(alg.adv_estimator)
         self.critic = None
-        if self.estimator.needs_critic:
+        if self.fields.values:
             # the critic starts from the actor's model; with LoRA it reads the actor's base arrays (no copy)
             backbone = (sharing_base(decoder) if cfg.model.lora.enabled
                         else build_decoder(cfg.model, self.tokenizer, mesh=self.mesh))
@@ -104,7 +90,7 @@ class RLTrainer:
             c = cfg.critic
             self.critic = make_learner(critic_module, c.optim, critic_objective(c), None, cfg, self.mesh,
                                        c.ppo_mini_batch_size, c.ppo_micro_batch_size_per_device, c.ppo_epochs,
-                                       True, CRITIC_KEYS, cfg.trainer.seed + 1)
+                                       True, CriticBatch, cfg.trainer.seed + 1)
         critic_graph = None if self.critic is None else self.critic.graphdef
         self.forwards = BatchForwards.of(cfg, self.actor.graphdef, critic_graph)
         self.agent_config = agent_config(cfg.agent) if cfg.agent else None
@@ -112,6 +98,10 @@ class RLTrainer:
 
         self.generation = Generation(cfg, decoder, self.tokenizer, self.agent_config,
                                      lambda: self.actor.params, self.mesh)
+        fg = alg.filter_groups
+        self.producer = SyncProducer(lambda prompts, params, offset: self.generate_round(prompts, params, offset),
+                                     lambda: next(self.train_data), cfg.data.batch_size, fg if fg.enable else None,
+                                     self.fields.reward_baselines)
         # reference-answer perplexity in validation is scored at temperature 1
         self.val_log_probs = None if self.agent_config is not None else (
             self.forwards.log_probs if r.temperature == 1.0 else make_log_prob_fn(self.actor.graphdef, 1.0))
@@ -127,34 +117,21 @@ class RLTrainer:
     # ---- one iteration -----------------------------------------------------------------
 
     def rollout(self, timer: Timer) -> ScoredRollout:
+        """The step's rollout: its prompts submitted to the producer with the sampler's
+        policy version (this step's), and collected at once (depth 0)."""
         cfg = self.cfg
         params = cfg.sampling_params(self.step_count)
-
-        def generate_round(prompts, offset):
-            return self.generate_round(prompts, params, offset)
-
         with timer("gen"):
-            if cfg.algorithm.filter_groups.enable:
-                fg = cfg.algorithm.filter_groups
-                rollout = dynamic_sampling(lambda: next(self.train_data), generate_round, cfg.data.batch_size,
-                                           fg.max_num_gen_batches, fg.metric)
-            else:
-                prompts = next(self.train_data)
-                rollout = generate_round(prompts, 0)
-                if self.estimator.needs_greedy_baseline:  # ReMax: a greedy sample per prompt
-                    greedy = dataclasses.replace(params, n=1, temperature=0.0)
-                    base = self.generate_round(prompts, greedy, 0)
-                    baselines = {s.group_id: s.score for s in base.samples}
-                    rollout.metrics["critic/reward_baseline/mean"] = float(np.mean(list(baselines.values())))
-                    for s in rollout.samples:
-                        s.baseline = baselines[s.group_id]
-        return rollout
+            self.producer.submit(next(self.train_data), self.step_count, params)
+            return self.producer.collect()
 
     def generate_round(self, prompts: dict[str, list], params, offset: int) -> ScoredRollout:
         """One round of sampling and scoring (`rljax.rl.generation.Generation.round`)."""
         return self.generation.round(prompts, params, offset)
 
-    def make_batch(self, rollout: ScoredRollout, timer: Timer) -> dict[str, np.ndarray]:
+    def make_batch(self, rollout: ScoredRollout, timer: Timer) -> tuple[StepBatch, dict[str, float]]:
+        """The rollout -> the finished step batch (forwards, then the advantage stage) and
+        the stage's metrics; the KL controller moves to its update."""
         cfg = self.cfg
         samples = rollout.samples
         # group ids -> 0..G-1 (dynamic sampling draws them from several rounds)
@@ -162,47 +139,22 @@ class RLTrainer:
         for s, g in zip(samples, group_ids):
             s.group_id = int(g)
         batch = build_batch(samples, cfg.row_bucket, cfg.row_length, pad_id=self.tokenizer.pad_token_id or 0)
-        self.forwards.fill(batch, self.mesh, timer, self.actor.params, self.reference,
-                           None if self.critic is None else self.critic.params)
+        if self.fields.reward_baselines:
+            batch = dataclasses.replace(batch, reward_baselines=np.asarray([s.baseline for s in samples], np.float32))
+        batch = self.forwards.run(batch, self.mesh, timer, self.actor.params, self.reference,
+                                  None if self.critic is None else self.critic.params)
         with timer("adv"):
-            self._advantages(batch, samples, rollout.metrics)
-        return batch
-
-    def _advantages(self, batch, samples, metrics) -> None:
-        cfg, alg = self.cfg, self.cfg.algorithm
-        rewards = batch["token_level_scores"]
-        if alg.use_kl_in_reward:
-            kld = batch["full_kl"] if alg.kl_penalty == FULL_KL else kl_penalty(
-                batch["old_log_probs"], batch["ref_log_probs"], alg.kl_penalty)
-            rewards, kl_metrics = apply_kl_to_rewards(rewards, kld, batch["response_mask"], self.kl_ctrl.value)
-            kl_metrics = {k: float(v) for k, v in kl_metrics.items()}
-            self.kl_ctrl = self.kl_ctrl.update(kl_metrics["actor/reward_kl_penalty"], cfg.data.batch_size)
-            metrics.update(kl_metrics)
-        batch["token_level_rewards"] = np.asarray(rewards, np.float32)
-        if self.rollout_correction is not None:
-            # after the KL penalty, before the advantages, as verl's trainer: rejected tokens leave
-            # response_mask (every later use: advantages, actor and critic losses, their denominators)
-            weights, kept, corr_metrics = self.rollout_correction(
-                batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])
-            batch["response_mask"] = np.asarray(kept, np.float32)
-            if weights is not None:
-                batch["rollout_is_weights"] = np.asarray(weights, np.float32)
-            metrics.update({k: float(v) for k, v in corr_metrics.items()})
-        baselines = np.asarray([s.baseline for s in samples], np.float32)
-        inputs = AdvantageInputs(batch["token_level_rewards"], batch["response_mask"], values=batch.get("values"),
-                                 group_ids=batch["group_ids"], reward_baselines=baselines)
-        advantages, returns = compute_advantages(self.estimator, inputs, gamma=alg.gamma, lam=alg.lam,
-                                                 norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
-        batch["advantages"] = np.asarray(advantages, np.float32)
-        batch["returns"] = np.asarray(returns, np.float32)
+            batch, metrics, self.kl_ctrl = self.advantage_stage(batch, self.kl_ctrl)
+        self.fields.check(batch)
+        return batch, metrics
 
     def step(self) -> dict[str, float]:
         timer = Timer()
         start = time.perf_counter()
         with timer("step"):
             rollout = self.rollout(timer)
-            batch = self.make_batch(rollout, timer)
-            metrics = dict(rollout.metrics)
+            batch, stage_metrics = self.make_batch(rollout, timer)
+            metrics = {**rollout.metrics, **stage_metrics}
             # mini-batch order: a function of (seed, step), so a resumed run shuffles as the original
             rng = np.random.default_rng([self.cfg.trainer.seed, self.step_count])
             if self.critic is not None:
@@ -211,7 +163,7 @@ class RLTrainer:
             with timer("update_actor"):
                 metrics.update(self.actor.update(batch, self.mesh, rng, self.reference))
             # updates skipped as non-finite keep the old weights; too many in a row stop the run
-            attempted = self.actor.updates_per_step(batch["input_ids"].shape[0])
+            attempted = self.actor.updates_per_step(batch.rows)
             skipped = self.skips.check_total(self.step_count + 1, int(jax.device_get(self.actor.state.skipped_steps)),
                                              attempted, metrics)
             with timer("update_weights"):

@@ -33,11 +33,11 @@ from rljax.models import DTypePolicy, ModelConfig, init_model, read_config
 from rljax.models.attention import choose_attention, compiling_for
 from rljax.models.heads import ScalarHeadModel
 from rljax.parallel import batch_sharding, make_mesh, replicated, state_shardings
+from rljax.rl.batch import BatchFields, StepBatch, abstract_batch
 from rljax.rl.config import RLConfig
 from rljax.rl.forwards import BatchForwards
 from rljax.rl.learner import learner_update
-from rljax.rl.objectives import actor_objective, critic_objective
-from rljax.rl.trainer import CRITIC_KEYS, actor_keys
+from rljax.rl.objectives import ActorBatch, CriticBatch, actor_objective, critic_objective
 from rljax.rollout.attention import resolve_decode_attention
 from rljax.rollout.buckets import Buckets
 from rljax.rollout.config import SamplerConfig
@@ -48,8 +48,6 @@ from rljax.rollout.scheduler import StepKind
 from rljax.rollout.step_inputs import DecodeInputs, PrefillInputs, SamplingInputs
 from rljax.train.setup import load_tokenizer, model_config_from_section
 from rljax.train.steps import init_train_state
-
-_INT_KEYS = ("input_ids", "attention_mask")
 
 # every `Program.kind`, in the order a run's programs are listed
 PROGRAM_KINDS = ("train", "forward", "handoff", "prefill", "decode")
@@ -129,18 +127,11 @@ def _reshard_source(source: NamedSharding, target: NamedSharding) -> NamedShardi
     return NamedSharding(mesh, source.spec, _logical_device_ids=logical)
 
 
-def _rows(keys, rows: int, length: int, mesh, model: ModelConfig | None = None) -> dict:
-    """Abstract `[rows, length]` batch entries; `expert_ids` (routing replay) `[rows,
-    length, L, k]` int32 for `model`."""
-    sharding = batch_sharding(mesh)
-
-    def entry(k):
-        if k == "expert_ids":
-            return jax.ShapeDtypeStruct((rows, length, model.num_hidden_layers, model.num_experts_per_tok),
-                                        jnp.int32, sharding=sharding)
-        return jax.ShapeDtypeStruct((rows, length), jnp.int32 if k in _INT_KEYS else jnp.float32, sharding=sharding)
-
-    return {k: entry(k) for k in keys}
+def _rows(view: type, cfg: RLConfig, rows: int, length: int, mesh, model: ModelConfig):
+    """The abstract `view` of the run's step batch (`rljax.rl.batch.abstract_batch`):
+    `rows x length`, the fields the config asks for, rows split over the mesh."""
+    return abstract_batch(view, BatchFields.of(cfg), rows, length,
+                          (model.num_hidden_layers, model.num_experts_per_tok), batch_sharding(mesh))
 
 
 @dataclass
@@ -190,11 +181,11 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
         abstract_params = _abstract(params, param_shardings)
         reference = abstract_params if a.use_kl_loss or cfg.algorithm.use_kl_in_reward else None
 
-        def train_program(name, graph, state_params, optim, objective, totals, keys, mini, micro, epochs, frozen):
+        def train_program(name, graph, state_params, optim, objective, totals, inputs, mini, micro, epochs, frozen):
             update = learner_update(graph, state_params, optim, objective, totals, cfg, mesh, mini,
                                     0 if single_micro_batch else micro, epochs)
             shapes = jax.eval_shape(lambda p: init_train_state(p, update.optimizer, cfg.trainer.seed), state_params)
-            batch = _rows(keys, update.mini_rows, row, mesh, model)
+            batch = _rows(inputs, cfg, update.mini_rows, row, mesh, model)
             tokens = update.mini_rows * row
             label = f"{name} train step [{update.mini_rows}x{row}, {update.mini_rows // update.micro_rows} micro]"
             # base None: no LoRA here (the step merges the trained params alone)
@@ -203,7 +194,7 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
                            kernel_flops=tokens * splash_flops / len(devices))
 
         objective, totals = actor_objective(a, r.temperature, cfg.algorithm.rollout_correction)
-        programs.append(train_program("actor", graphdef, params, a.optim, objective, totals, actor_keys(cfg),
+        programs.append(train_program("actor", graphdef, params, a.optim, objective, totals, ActorBatch,
                                       a.ppo_mini_batch_size, a.ppo_micro_batch_size_per_device, a.ppo_epochs,
                                       reference))
         critic_graph = critic_params = None
@@ -213,14 +204,15 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
                 lambda: ScalarHeadModel(decoder(), rngs=nnx.Rngs(cfg.trainer.seed + 1))))
             critic_params = _abstract(critic_state, state_shardings(critic_state, mesh))
             programs.append(train_program("critic", critic_graph, critic_state, c.optim, critic_objective(c), None,
-                                          CRITIC_KEYS, c.ppo_mini_batch_size, c.ppo_micro_batch_size_per_device,
+                                          CriticBatch, c.ppo_mini_batch_size, c.ppo_micro_batch_size_per_device,
                                           c.ppo_epochs, None))
 
         # the step batch's forwards
         forwards = BatchForwards.of(cfg, graphdef, critic_graph)
         rows = cfg.data.batch_size * r.n
-        ids, mask = _rows(_INT_KEYS, rows, row, mesh).values()
-        replay = (_rows(("expert_ids",), rows, row, mesh, model)["expert_ids"],) if forwards.router_replay else ()
+        step_batch = _rows(StepBatch, cfg, rows, row, mesh, model)
+        ids, mask = step_batch.input_ids, step_batch.attention_mask
+        replay = (step_batch.expert_ids,) if forwards.router_replay else ()
         tokens = rows * row
         flops = tokens * model.flops_per_token(row, training=False)
         if not forwards.reuse_rollout_log_probs or forwards.ref_log_probs:

@@ -3,15 +3,19 @@
 order, kinds, defaults, and verl's attribute-style config objects).
 
 The signature test reads verl's own `verl/trainer/ppo/core_algos.py` and
-`rollout_corr_helper.py` with `ast`, without importing verl (its imports are heavy). It needs the verl package on disk; CI installs it
-without its dependencies (`pip install --no-deps verl==0.9.1`, in .ci/run: pip extras cannot
-say --no-deps), and the test is skipped, with that line as the reason, where verl is absent.
+`rollout_corr_helper.py` with `ast`, without importing verl (its imports are heavy), from
+the wheel named by `RLJAX_VERL_WHEEL` or from an installed verl. CI downloads the wheel
+(`pip download --no-deps verl==0.9.1`, in .ci/run) rather than installing it: the wheel
+carries a top-level `tests` package that would shadow this repository's `tests`. Where
+neither is there, the test is skipped with that line as the reason.
 The call tests below it need no verl: their expected values are computed by hand.
 """
 
 import ast
 import importlib.util
 import inspect
+import os
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,21 +30,27 @@ VERL_PIN = "verl==0.9.1"
 P = inspect.Parameter
 
 
-def _verl_file(name: str) -> Path | None:
-    """verl/trainer/ppo/`name`, found without importing verl (find_spec of a top-level
-    package does not run its __init__)."""
+def _verl_file(name: str) -> str | None:
+    """The source of verl/trainer/ppo/`name`: from the wheel at `$RLJAX_VERL_WHEEL`, else
+    from an installed verl, found without importing it (find_spec of a top-level package
+    does not run its __init__)."""
+    wheel = os.environ.get("RLJAX_VERL_WHEEL")
+    if wheel and os.path.isfile(wheel):
+        with zipfile.ZipFile(wheel) as z:
+            member = f"verl/trainer/ppo/{name}"
+            return z.read(member).decode() if member in z.namelist() else None
     spec = importlib.util.find_spec("verl")
     for root in (spec.submodule_search_locations or []) if spec else []:
         path = Path(root) / "trainer" / "ppo" / name
         if path.is_file():
-            return path
+            return path.read_text()
     return None
 
 
-def _verl_functions(path: Path) -> dict[str, list[tuple[str, object, object]]]:
+def _verl_functions(source: str) -> dict[str, list[tuple[str, object, object]]]:
     """name -> [(parameter, kind, default or P.empty)] of each module-level function."""
     out = {}
-    for node in ast.parse(path.read_text()).body:
+    for node in ast.parse(source).body:
         if not isinstance(node, ast.FunctionDef):
             continue
         a = node.args
@@ -67,7 +77,7 @@ def _kinds(params, *kinds):
     return [p for p in params if p[1] in kinds]
 
 
-@pytest.mark.skipif(CORE_ALGOS is None, reason=f"verl is not installed (`pip install --no-deps {VERL_PIN}`)")
+@pytest.mark.skipif(CORE_ALGOS is None, reason=f"verl source absent (`pip download --no-deps {VERL_PIN}`, then RLJAX_VERL_WHEEL=<the wheel>)")
 def test_every_verl_named_function_is_compared():
     # the comparison below is not vacuous: the functions verl users call are all in it
     assert {"agg_loss", "compute_gae_advantage_return", "compute_grpo_outcome_advantage", "compute_policy_loss",
@@ -76,7 +86,7 @@ def test_every_verl_named_function_is_compared():
             "compute_rollout_correction_weights", "compute_rollout_rejection_mask"} <= set(SHARED)  # fmt: skip
 
 
-@pytest.mark.skipif(CORE_ALGOS is None, reason=f"verl is not installed (`pip install --no-deps {VERL_PIN}`)")
+@pytest.mark.skipif(CORE_ALGOS is None, reason=f"verl source absent (`pip download --no-deps {VERL_PIN}`, then RLJAX_VERL_WHEEL=<the wheel>)")
 @pytest.mark.parametrize("name", SHARED or ["-"])
 def test_signature_accepts_what_verl_accepts(name):
     """verl's positional parameters are rljax's, in order, with the same kinds and defaults;

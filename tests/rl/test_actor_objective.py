@@ -17,7 +17,7 @@ from rljax.algos.kl import kl_from_hidden
 from rljax.models import ModelConfig, init_model
 from rljax.parallel import MeshConfig, make_mesh, shard_batch, state_shardings
 from rljax.rl.config import ActorConfig, PolicyLossSection, RolloutCorrectionSection
-from rljax.rl.objectives import actor_objective
+from rljax.rl.objectives import ActorBatch, actor_objective
 from rljax.train.steps import init_train_state, make_train_step
 
 VOCAB = 32
@@ -61,6 +61,7 @@ def one_step(actor, num_micro, mesh=None, batch=None, frozen=None, state=None, c
         batch = shard_batch(batch, mesh)
         if frozen is not None:
             frozen = jax.device_put(frozen, state_shardings(frozen, mesh))
+    batch = ActorBatch(**batch)
     state = state if state is not None else init_train_state(params, optax.sgd(1.0))
     step = step or make_step(actor, num_micro, correction)
     new_state, metrics = step(state, batch, frozen, None)

@@ -298,9 +298,9 @@ def test_agent_generate_and_score_masks_and_rewards(tok):
     assert max(len(s.response_ids) for s in out.samples) <= 128
     batch = build_batch(out.samples, 16, 400)
     for b, s in enumerate(out.samples):
-        check_sample(tok, s, sampler.log, batch["response_mask"][b], batch["rollout_log_probs"][b])
+        check_sample(tok, s, sampler.log, batch.response_mask[b], batch.rollout_log_probs[b])
         last = len(s.prompt_ids) + int(np.flatnonzero(s.response_mask)[-1])
-        assert batch["token_level_scores"][b, last] == s.score and batch["token_level_scores"][b].sum() == s.score
+        assert batch.token_level_scores[b, last] == s.score and batch.token_level_scores[b].sum() == s.score
     # an agent prompt (tools included) longer than data.max_prompt_length is an error
     short = ScriptedRolloutSampler(tok, script, max_model_len=128 + 100)
     with pytest.raises(ValueError, match="max_prompt_length=100"):
@@ -382,17 +382,17 @@ def test_one_agent_rl_step_on_tiny_model(tmp_path, tok):
     finally:
         trainer.close()
     batch, samples = captured["batch"], captured["rollout"].samples
-    assert len(samples) == 8 and batch["input_ids"].shape[0] == 8  # 8 rows: one per virtual device
+    assert len(samples) == 8 and batch.input_ids.shape[0] == 8  # 8 rows: one per virtual device
     for b, s in enumerate(samples):
         p, r = len(s.prompt_ids), len(s.response_ids)
-        assert list(batch["input_ids"][b, :p + r]) == s.prompt_ids + s.response_ids
-        assert batch["attention_mask"][b].sum() == p + r
-        assert check_sample(tok, s, trainer.generation.sampler.log, batch["response_mask"][b], batch["rollout_log_probs"][b]) >= 2
-        obs = (batch["response_mask"][b] == 0) & (batch["attention_mask"][b] == 1)
+        assert list(batch.input_ids[b, :p + r]) == s.prompt_ids + s.response_ids
+        assert batch.attention_mask[b].sum() == p + r
+        assert check_sample(tok, s, trainer.generation.sampler.log, batch.response_mask[b], batch.rollout_log_probs[b]) >= 2
+        obs = (batch.response_mask[b] == 0) & (batch.attention_mask[b] == 1)
         obs[:p] = False
-        assert obs.sum() > 10 and not batch["advantages"][b][obs].any()  # observations carry no loss
+        assert obs.sum() > 10 and not batch.advantages[b][obs].any()  # observations carry no loss
     assert sum(s.score == 1.0 for s in samples) >= 4  # the scripted right answers (2 per group)
-    assert np.abs(batch["advantages"]).sum() > 0
+    assert np.abs(batch.advantages).sum() > 0
     assert metrics["agent/tool_use_rate"] == 1.0 and metrics["critic/score/mean"] >= 0.5
     assert np.isfinite(metrics["actor/pg_loss"])
     after = jax.device_get(trainer.actor.state.params)
@@ -455,8 +455,8 @@ def test_agent_routing_replay_on_tiny_moe(tmp_path, tok):
         trainer.close()
     batch, samples = captured["batch"], captured["rollout"].samples
     assert trainer.forwards.router_replay and np.isfinite(metrics["actor/pg_loss"])
-    experts, mask = batch["expert_ids"], batch["attention_mask"]
-    assert experts.shape == (*batch["input_ids"].shape, MOE["num_hidden_layers"], MOE["num_experts_per_tok"])
+    experts, mask = batch.expert_ids, batch.attention_mask
+    assert experts.shape == (*batch.input_ids.shape, MOE["num_hidden_layers"], MOE["num_experts_per_tok"])
     real = np.zeros(mask.shape, bool)  # tokens the real sampler chose (their log-probs are the model's)
     for b, s in enumerate(samples):
         n = len(s.prompt_ids) + len(s.response_ids)
@@ -471,11 +471,11 @@ def test_agent_routing_replay_on_tiny_moe(tmp_path, tok):
         real[b, p: p + r] = True
         # its tokens replay its own decode-time record
         np.testing.assert_array_equal(experts[b, p: n - 1], comp.expert_ids[p: n - 1])
-    assert (batch["response_mask"][real] > 0).all()
-    diff = np.abs(batch["old_log_probs"] - batch["rollout_log_probs"])[real]
+    assert (batch.response_mask[real] > 0).all()
+    diff = np.abs(batch.old_log_probs - batch.rollout_log_probs)[real]
     assert diff.max() < 1e-5, diff.max()
     # the forwards read the record: other experts give other log-probs
     params = jax.tree.map(jnp.asarray, before)
     shifted = np.where(experts >= 0, (experts + 1) % MOE["num_experts"], -1)
-    moved = np.asarray(trainer.forwards.log_probs(params, batch["input_ids"], mask, shifted))
-    assert np.abs(moved - batch["old_log_probs"])[real].max() > 1e-2
+    moved = np.asarray(trainer.forwards.log_probs(params, batch.input_ids, mask, shifted))
+    assert np.abs(moved - batch.old_log_probs)[real].max() > 1e-2

@@ -28,12 +28,12 @@ def test_lora_grpo_learns_with_fresh_sampler_adapters_and_the_base_as_reference(
     batch = captured["batch"]  # the last step's, taken after 9 updates of the adapters
     with jax.set_mesh(trainer.mesh):
         plain = build_decoder(dataclasses.replace(cfg.model, lora=LoRAConfig()), trainer.tokenizer, mesh=trainer.mesh)
-        ref = plain.token_log_probs(jnp.asarray(batch["input_ids"]), jnp.asarray(batch["attention_mask"]),
+        ref = plain.token_log_probs(jnp.asarray(batch.input_ids), jnp.asarray(batch.attention_mask),
                                     temperature=cfg.rollout.temperature)
     trainer.close()
-    mask = batch["response_mask"] > 0
-    np.testing.assert_allclose(batch["ref_log_probs"][mask], np.asarray(ref)[mask], atol=1e-5)
-    assert np.abs(batch["old_log_probs"] - batch["ref_log_probs"])[mask].max() > 1e-3  # the policy moved
+    mask = batch.response_mask > 0
+    np.testing.assert_allclose(batch.ref_log_probs[mask], np.asarray(ref)[mask], atol=1e-5)
+    assert np.abs(batch.old_log_probs - batch.ref_log_probs)[mask].max() > 1e-3  # the policy moved
 
     scores = [h["critic/score/mean"] for h in history]
     print("LoRA GRPO digit-fraction reward per step:", np.round(scores, 3))

@@ -290,7 +290,7 @@ def test_verifier_verdict_is_the_reward(tok, caplog, monkeypatch):
     assert [r["verifier_output"] for r in rollout.records] == ["Yes", "No", "Yes", "hmm"]
     assert rollout.metrics["verifier/parse_failures"] == 1.0  # "hmm" scores the failure score 0
     batch = build_batch(rollout.samples, 8, 16)
-    assert batch["token_level_scores"][0].tolist() == [0] * 4 + [2.0] + [0] * 3  # on the last response token
+    assert batch.token_level_scores[0].tolist() == [0] * 4 + [2.0] + [0] * 3  # on the last response token
     assert [s.group_id for s in rollout.samples] == [10, 10, 11, 11]
 
 
@@ -345,10 +345,10 @@ def test_grpo_step_rewards_are_reward_model_scores(tmp_path, rm_dirs, tok):
                            for s in samples], np.float32)
     for b, s in enumerate(samples):
         last = len(s.prompt_ids) + len(s.response_ids) - 1
-        assert batch["input_ids"][b, last] == s.response_ids[-1]
-        assert np.flatnonzero(batch["token_level_scores"][b]).tolist() == [last]
+        assert batch.input_ids[b, last] == s.response_ids[-1]
+        assert np.flatnonzero(batch.token_level_scores[b]).tolist() == [last]
     assert np.ptp(expected) > 0  # distinct sequences, distinct scores
-    np.testing.assert_allclose(batch["token_level_scores"].sum(-1), expected, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(batch.token_level_scores.sum(-1), expected, atol=1e-5, rtol=1e-5)
     assert metrics["reward_model/score/mean"] == pytest.approx(float(expected.mean()), abs=1e-5)
     assert metrics["critic/score/mean"] == pytest.approx(float(expected.mean()), abs=1e-5)
     assert np.isfinite(metrics["actor/pg_loss"])

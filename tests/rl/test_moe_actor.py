@@ -14,7 +14,7 @@ from rljax.algos.router_loss import load_balancing_loss
 from rljax.models import ModelConfig, init_model
 from rljax.parallel import MeshConfig, make_mesh, shard_batch, state_shardings
 from rljax.rl.config import ActorConfig
-from rljax.rl.objectives import actor_objective
+from rljax.rl.objectives import ActorBatch, actor_objective
 from rljax.train.steps import init_train_state, make_train_step
 from tests.rl.test_actor_objective import CONFIG as DENSE, actor_batch
 
@@ -29,12 +29,13 @@ def one_step(actor, mesh=None, config=MOE):
     step = make_train_step(graphdef, objective, optax.sgd(1.0), optax.constant_schedule(1.0), 1, totals_fn=totals)
     batch = actor_batch()
     if mesh is None:
-        return jax.device_get(step(init_train_state(params, optax.sgd(1.0)), batch, None, None))
+        return jax.device_get(step(init_train_state(params, optax.sgd(1.0)), ActorBatch(**batch), None, None))
     with jax.set_mesh(mesh):
         params = jax.device_put(params, state_shardings(params, mesh))
         gate = params["layers"]["expert_gate"][...]
         assert gate.sharding.shard_shape(gate.shape)[1] == 8 // mesh.shape["fsdp"]  # experts split
-        return jax.device_get(step(init_train_state(params, optax.sgd(1.0)), shard_batch(batch, mesh), None, None))
+        return jax.device_get(step(init_train_state(params, optax.sgd(1.0)), ActorBatch(**shard_batch(batch, mesh)),
+                                   None, None))
 
 
 def test_load_balancing_term_in_the_actor_loss():

@@ -12,7 +12,7 @@ from flax import nnx
 
 from rljax.config import load_config
 from rljax.rl.config import RLConfig
-from rljax.rl.objectives import actor_objective
+from rljax.rl.objectives import ActorBatch, actor_objective
 from rljax.rl.trainer import RLTrainer
 
 from .test_rl_train import capture_batches, make_config
@@ -49,13 +49,13 @@ def replay_step(tmp_path_factory):
 
 def test_replay_makes_old_log_probs_the_rollouts(replay_step):
     trainer, batch, metrics, before = replay_step
-    experts, mask, response = batch["expert_ids"], batch["attention_mask"], batch["response_mask"] > 0
-    assert experts.shape == (*batch["input_ids"].shape, 2, 2)
+    experts, mask, response = batch.expert_ids, batch.attention_mask, batch.response_mask > 0
+    assert experts.shape == (*batch.input_ids.shape, 2, 2)
     assert (experts[mask == 0] == -1).all()  # padding has no record
     lengths = mask.sum(1)
     for i, n in enumerate(lengths):  # every token but the last (never fed to the sampler) recorded
         assert (experts[i, : n - 1] >= 0).all() and (experts[i, n - 1] == -1).all()
-    diff = np.abs(batch["old_log_probs"] - batch["rollout_log_probs"])[response]
+    diff = np.abs(batch.old_log_probs - batch.rollout_log_probs)[response]
     assert diff.max() < 1e-5, diff.max()
     assert metrics["training/rollout_probs_diff_max"] < 1e-5
     assert np.isfinite(metrics["actor/pg_loss"]) and np.isfinite(metrics["actor/kl_loss"])
@@ -67,13 +67,13 @@ def test_the_replayed_ids_are_used(replay_step):
     """Other experts at recorded tokens change the log-probs: the forwards read the record."""
     trainer, batch, _, before = replay_step
     params = jax.tree.map(jnp.asarray, before)  # the weights the old log-probs were computed with
-    experts = batch["expert_ids"]
+    experts = batch.expert_ids
     shifted = np.where(experts >= 0, (experts + 1) % MOE["num_experts"], -1)  # still k distinct experts
-    ids, mask = batch["input_ids"], batch["attention_mask"]
+    ids, mask = batch.input_ids, batch.attention_mask
     same = np.asarray(trainer.forwards.log_probs(params, ids, mask, experts))
     moved = np.asarray(trainer.forwards.log_probs(params, ids, mask, shifted))
-    response = batch["response_mask"] > 0
-    np.testing.assert_allclose(same[response], batch["old_log_probs"][response], atol=1e-5)
+    response = batch.response_mask > 0
+    np.testing.assert_allclose(same[response], batch.old_log_probs[response], atol=1e-5)
     assert np.abs(moved - same)[response].max() > 1e-2
 
 
@@ -83,25 +83,25 @@ def test_kl_term_reads_token_log_probs_only(replay_step):
     hand-computed value with replay on or off, whatever routing the batch records."""
     trainer, batch, _, before = replay_step
     params = jax.tree.map(jnp.asarray, before)
-    ids, mask = batch["input_ids"], batch["attention_mask"]
-    response = batch["response_mask"]
-    np.testing.assert_allclose(batch["ref_log_probs"],
+    ids, mask = batch.input_ids, batch.attention_mask
+    response = batch.response_mask
+    np.testing.assert_allclose(batch.ref_log_probs,
                                np.asarray(trainer.forwards.log_probs(trainer.reference, ids, mask)), atol=1e-5)
     graphdef = trainer.actor.graphdef
-    shifted = np.where(batch["expert_ids"] >= 0, (batch["expert_ids"] + 3) % MOE["num_experts"], -1)
+    shifted = np.where(batch.expert_ids >= 0, (batch.expert_ids + 3) % MOE["num_experts"], -1)
     cfg = trainer.cfg
     kls = []
-    for replay, experts in ((False, batch["expert_ids"]), (True, batch["expert_ids"]), (True, shifted)):
+    for replay, experts in ((False, batch.expert_ids), (True, batch.expert_ids), (True, shifted)):
         actor = cfg.actor.__class__(**{**vars(cfg.actor), "router_replay": replay})
         objective, totals = actor_objective(actor, 1.0)
-        mini = {k: jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "response_mask", "old_log_probs",
-                                                   "advantages", "ref_log_probs")}
-        mini["expert_ids"] = jnp.asarray(experts)
+        mini = ActorBatch(**{k: jnp.asarray(getattr(batch, k)) for k in (
+            "input_ids", "attention_mask", "response_mask", "old_log_probs", "advantages", "ref_log_probs")},
+            expert_ids=jnp.asarray(experts))
         run = jax.jit(lambda p, b, o=objective, t=totals: o(nnx.merge(graphdef, p), b, None, t(b),
                                                             jax.random.key(0))[1]["actor/kl_loss"])
         kl = float(run(params, mini))
         policy = np.asarray(trainer.forwards.log_probs(params, ids, mask, experts if replay else None))
-        want = (low_var_kl(policy, batch["ref_log_probs"]) * response).sum() / response.sum()  # token-mean
+        want = (low_var_kl(policy, batch.ref_log_probs) * response).sum() / response.sum()  # token-mean
         np.testing.assert_allclose(kl, want, rtol=1e-5, atol=1e-7)
         kls.append(kl)
     np.testing.assert_allclose(kls[1], kls[0], rtol=1e-5)  # replaying the policy's own routing: the same KL
@@ -113,7 +113,7 @@ def test_grpo_step_without_replay(tmp_path):
     captured = capture_batches(trainer)
     metrics = trainer.step()
     trainer.close()
-    assert "expert_ids" not in captured["batch"]  # nothing recorded
+    assert captured["batch"].expert_ids is None  # nothing recorded
     assert np.isfinite(metrics["actor/pg_loss"])
     # float32: the sampler's and the trainer's own top-k agree, so the log-probs do too
     assert metrics["training/rollout_probs_diff_max"] < 1e-4
@@ -131,9 +131,9 @@ def test_replay_on_rollout_replicas_after_a_weight_hand_off(tmp_path):
     metrics = trainer.step()
     trainer.close()
     batch = captured["batch"]
-    for experts, n in zip(batch["expert_ids"], batch["attention_mask"].sum(1)):  # all but the last token recorded
+    for experts, n in zip(batch.expert_ids, batch.attention_mask.sum(1)):  # all but the last token recorded
         assert (experts[: n - 1] >= 0).all() and (experts[n - 1:] == -1).all()
-    diff = np.abs(batch["old_log_probs"] - batch["rollout_log_probs"])[batch["response_mask"] > 0]
+    diff = np.abs(batch.old_log_probs - batch.rollout_log_probs)[batch.response_mask > 0]
     assert diff.max() < 1e-5, diff.max()
     assert metrics["training/rollout_probs_diff_max"] < 1e-5
 

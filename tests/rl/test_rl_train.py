@@ -45,8 +45,9 @@ def capture_batches(trainer) -> dict:
     make_batch = trainer.make_batch
 
     def spy(rollout, timer):
-        captured["rollout"], captured["batch"] = rollout, make_batch(rollout, timer)
-        return captured["batch"]
+        batch, metrics = make_batch(rollout, timer)
+        captured["rollout"], captured["batch"] = rollout, batch
+        return batch, metrics
 
     trainer.make_batch = spy
     return captured

@@ -14,14 +14,14 @@ def test_build_batch_follows_the_data_contract():
         Sample([5], [7, 3, 3, 8], [1, 0, 0, 1], [-0.5, 0.0, 0.0, -0.7], group_id=1, score=0.5),
     ]
     batch = build_batch(samples, bucket=4, max_length=16, pad_id=0)
-    assert batch["input_ids"].shape == (2, 8)  # 5 tokens -> bucket of 4 -> 8
-    np.testing.assert_array_equal(batch["input_ids"][0], [5, 6, 7, 8, 9, 0, 0, 0])
-    np.testing.assert_array_equal(batch["response_mask"][1], [0, 1, 0, 0, 1, 0, 0, 0])
-    np.testing.assert_allclose(batch["rollout_log_probs"][0], [0, 0, -0.1, -0.2, -0.3, 0, 0, 0], atol=1e-7)
+    assert batch.input_ids.shape == (2, 8)  # 5 tokens -> bucket of 4 -> 8
+    np.testing.assert_array_equal(batch.input_ids[0], [5, 6, 7, 8, 9, 0, 0, 0])
+    np.testing.assert_array_equal(batch.response_mask[1], [0, 1, 0, 0, 1, 0, 0, 0])
+    np.testing.assert_allclose(batch.rollout_log_probs[0], [0, 0, -0.1, -0.2, -0.3, 0, 0, 0], atol=1e-7)
     # the outcome score sits on the last token the policy produced
-    np.testing.assert_array_equal(batch["token_level_scores"][0], [0, 0, 0, 0, 1.0, 0, 0, 0])
-    np.testing.assert_array_equal(batch["token_level_scores"][1], [0, 0, 0, 0, 0.5, 0, 0, 0])
-    np.testing.assert_array_equal(batch["group_ids"], [0, 1])
+    np.testing.assert_array_equal(batch.token_level_scores[0], [0, 0, 0, 0, 1.0, 0, 0, 0])
+    np.testing.assert_array_equal(batch.token_level_scores[1], [0, 0, 0, 0, 0.5, 0, 0, 0])
+    np.testing.assert_array_equal(batch.group_ids, [0, 1])
 
 
 def _round(scores_per_group, offset, acc_per_group=None):

@@ -6,6 +6,8 @@ batch is built, so rho = pi_train / pi_rollout = e^-d (up to the sampler/trainer
 One trainer per mode family: decoupled (token IS + token_k2 rejection + veto, with
 kl_loss_type=full and kl_penalty=full) and bypass (REINFORCE with IS, token_k1 rejection)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,13 +38,13 @@ def shift_rollout_log_probs(trainer) -> dict:
             d = [offset(i, j) for j in range(len(s.response_ids))]
             s.response_log_probs = [lp + dj for lp, dj in zip(s.response_log_probs, d)]
             shifts.append(d)
-        batch = make_batch(rollout, timer)
-        d = np.zeros_like(batch["rollout_log_probs"])
+        batch, metrics = make_batch(rollout, timer)
+        d = np.zeros_like(batch.rollout_log_probs)
         for i, s in enumerate(rollout.samples):
             p = len(s.prompt_ids)
             d[i, p : p + len(shifts[i])] = shifts[i]
-        captured.update(batch=batch, d=d, original=batch["rollout_log_probs"] - d)
-        return batch
+        captured.update(batch=batch, d=d, original=batch.rollout_log_probs - d)
+        return batch, metrics
 
     trainer.make_batch = spy
     return captured
@@ -60,40 +62,40 @@ def test_decoupled_correction_and_full_kl_through_the_trainer(tmp_path):
                       "algorithm.rollout_correction.rollout_token_veto_threshold=0.3")
     trainer = RLTrainer(cfg)
     captured = shift_rollout_log_probs(trainer)
-    correction = trainer.rollout_correction
+    correction = trainer.advantage_stage.correction
 
     def record(old, rollout, mask):  # the response mask before rejection, and the params in use
         captured.update(mask=np.asarray(mask), params=jax.device_get(trainer.actor.state.params))
         return correction(old, rollout, mask)
 
-    trainer.rollout_correction = record
+    trainer.advantage_stage = dataclasses.replace(trainer.advantage_stage, correction=record)
     for step in range(2):
         metrics = trainer.step()
         batch, d, mask = captured["batch"], captured["d"], captured["mask"]
 
         # by hand: log rho = old - rollout = -d (up to the sampler / trainer mismatch)
-        log_rho = batch["old_log_probs"] - batch["rollout_log_probs"]
+        log_rho = batch.old_log_probs - batch.rollout_log_probs
         np.testing.assert_allclose(log_rho * mask, -d * mask, atol=2e-4)
         rho = np.exp(log_rho)
         weights = np.minimum(rho, 1.5) * mask
-        np.testing.assert_allclose(batch["rollout_is_weights"], weights, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(batch.rollout_is_weights, weights, rtol=1e-5, atol=1e-6)
         token_ok = 0.5 * log_rho**2 <= 0.3
         vetoed = ((rho < 0.3) & (mask > 0)).any(-1)
         kept = mask * token_ok * ~vetoed[:, None]
-        np.testing.assert_array_equal(batch["response_mask"], kept)
+        np.testing.assert_array_equal(batch.response_mask, kept)
         assert vetoed.any() and 0 < kept.sum() < (mask * ~vetoed[:, None]).sum()  # both kinds of rejection
         np.testing.assert_allclose(metrics["rollout_corr/rollout_is_veto_fraction"], vetoed.mean(), rtol=1e-6)
         np.testing.assert_allclose(metrics["rollout_corr/rollout_rs_token_k2_masked_fraction"],
                                    ((1 - token_ok) * mask).sum() / mask.sum(), rtol=1e-5)
         # one mini-batch, updated from pi_old (ratio 1): vanilla PPO's term is -sum(w A) / sum(m) over kept tokens
-        np.testing.assert_allclose(metrics["actor/pg_loss"], -(weights * batch["advantages"] * kept).sum() / kept.sum(),
+        np.testing.assert_allclose(metrics["actor/pg_loss"], -(weights * batch.advantages * kept).sum() / kept.sum(),
                                    rtol=1e-4, atol=1e-6)
 
         # KL in the reward: -kl_coef * KL(pi_old || pi_ref), the KL straight from full [B, T, V] logits
         kl = direct_full_kl(trainer.actor.graphdef, captured["params"], trainer.reference,
-                            jnp.asarray(batch["input_ids"]), jnp.asarray(batch["attention_mask"]))
-        np.testing.assert_allclose(batch["full_kl"], kl, rtol=1e-4, atol=1e-6)
-        np.testing.assert_allclose(batch["token_level_rewards"], batch["token_level_scores"] - 0.5 * kl * mask,
+                            jnp.asarray(batch.input_ids), jnp.asarray(batch.attention_mask))
+        np.testing.assert_allclose(batch.full_kl, kl, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(batch.token_level_rewards, batch.token_level_scores - 0.5 * kl * mask,
                                    rtol=1e-5, atol=1e-6)
         assert np.isfinite(metrics["actor/kl_loss"])
         if step == 0:  # the actor is the reference: KL 0
@@ -122,19 +124,19 @@ def test_bypass_reinforce_through_the_trainer(tmp_path):
                       "algorithm.rollout_correction.rollout_rs=token_k1",
                       "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0")
     trainer = RLTrainer(cfg)
-    assert trainer.rollout_correction is None  # nothing on the batch: it is all in the loss
+    assert trainer.advantage_stage.correction is None  # nothing on the batch: it is all in the loss
     captured = shift_rollout_log_probs(trainer)
     metrics = trainer.step()
     trainer.close()
     batch, d, original = captured["batch"], captured["d"], captured["original"]
-    m = batch["response_mask"]
-    np.testing.assert_array_equal(batch["old_log_probs"], batch["rollout_log_probs"])
-    assert "rollout_is_weights" not in batch
+    m = batch.response_mask
+    np.testing.assert_array_equal(batch.old_log_probs, batch.rollout_log_probs)
+    assert batch.rollout_is_weights is None
     rho = np.exp(-d)
     kept = m * (1 / rho >= 0.5) * (1 / rho <= 2.0)  # token_k1 bounds exp(k1) = 1 / rho
     assert 0 < kept.sum() < m.sum()
     np.testing.assert_allclose(metrics["rollout_corr/rollout_rs_masked_fraction"], 1 - kept.sum() / m.sum(),
                                rtol=1e-5)
     # log pi_theta = the unshifted sampler log-prob (to < 1e-4)
-    expected = -(np.minimum(rho, 1.5) * batch["advantages"] * original * kept).sum() / m.sum()
+    expected = -(np.minimum(rho, 1.5) * batch.advantages * original * kept).sum() / m.sum()
     np.testing.assert_allclose(metrics["actor/pg_loss"], expected, rtol=2e-3, atol=1e-5)
