@@ -25,6 +25,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 import yaml
 
 from rljax.checkpoint import Checkpointer, abstract_like
@@ -33,6 +34,8 @@ from rljax.data.synthetic_spec import materialize
 import rljax.rl.generation as generation
 from rljax.rl.config import RLConfig
 from rljax.rl.trainer import RLTrainer, train_rl
+
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS_YAML = os.path.join(ROOT, "configs", "tools", "calculator.yaml")

@@ -370,6 +370,7 @@ def agent_trainer(tmp_path, hf_config: dict, agent: dict, *overrides) -> RLTrain
         os.chdir(cwd)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("error:an RL data row")
 def test_one_agent_rl_step_on_tiny_model(tmp_path, tok):
     trainer = agent_trainer(tmp_path, TINY_QWEN2, {"max_turns": 3, "max_tokens_per_turn": 96, "min_turn_tokens": 8})
@@ -437,6 +438,7 @@ class ScriptedCallWithRouting:
         return [dataclasses.replace(comp, expert_ids=record)]
 
 
+@pytest.mark.slow
 def test_agent_routing_replay_on_tiny_moe(tmp_path, tok):
     """One GRPO step, a qwen3_moe policy in float32, `actor.router_replay=true`, a calculator
     call per episode: every position the model computed carries a record in the batch, and

@@ -313,6 +313,7 @@ def test_sampler_generate_fn_skips_prompts_too_long_for_the_verdict():
 # ---- one RL step -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_grpo_step_rewards_are_reward_model_scores(tmp_path, rm_dirs, tok):
     _, rm_path = rm_dirs[False]  # untied: the loaded backbone has no lm_head
     cfg = make_config(tmp_path, "trainer.total_steps=1", "data.train_batch_size=2", "rollout.n=4",

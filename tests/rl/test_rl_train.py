@@ -5,11 +5,14 @@ import os
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from rljax.config import load_config
 from rljax.rl.config import RLConfig
 from rljax.rl.trainer import RLTrainer
+
+pytestmark = pytest.mark.slow
 
 DIGIT_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):

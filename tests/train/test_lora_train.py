@@ -11,6 +11,7 @@ import re
 import jax
 import numpy as np
 import peft
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -43,6 +44,7 @@ def metrics(run_dir):
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_lora_sft_learns_exports_and_resumes_bit_exactly(tmp_path):
     # a frozen random unembedding of std 0.02 bounds the logits near 0: a wider init leaves the adapters room
     lora = ["model.lora.rank=8", "model.lora.alpha=16", "optim.lr=1e-2", "model.hf_config.initializer_range=0.2"]
@@ -91,6 +93,7 @@ def test_lora_sft_learns_exports_and_resumes_bit_exactly(tmp_path):
     np.testing.assert_allclose(ours, via_peft, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_lora_dpo_reference_is_the_base_model(tmp_path):
     cfg = config(tmp_path, "dpo_tiny.yaml", "model.lora.rank=4", "optim.lr=1e-2", "trainer.total_steps=4",
                  "trainer.save_freq=0")
@@ -100,6 +103,7 @@ def test_lora_dpo_reference_is_the_base_model(tmp_path):
     assert abs(rows[-1]["rewards/margins"]) > 1e-4  # then the adapters move away from it
 
 
+@pytest.mark.slow
 def test_only_the_configured_adapters_train_the_base_stays_bit_identical_and_8_devices_equal_1(
         tmp_path, rank=2, targets=("v_proj", "down_proj")):
     cfg = config(tmp_path, "sft_tiny.yaml", f"model.lora.rank={rank}", f"model.lora.target_modules=[{','.join(targets)}]",
