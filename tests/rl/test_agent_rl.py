@@ -47,6 +47,7 @@ from rljax.rl.config import RLConfig
 from rljax.rl.trainer import RLTrainer
 from rljax.rollout.params import Completion, SamplingParams
 from tests.rl.test_rl_train import capture_batches
+from tests.tiny_models import tiny_qwen2_hf
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS_YAML = os.path.join(REPO, "configs", "tools", "calculator.yaml")
@@ -344,8 +345,7 @@ class FirstTurnScripted:
         return [comp]
 
 
-TINY_QWEN2 = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-              "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": True}
+TINY_QWEN2 = tiny_qwen2_hf()
 
 
 def agent_trainer(tmp_path, hf_config: dict, agent: dict, *overrides) -> RLTrainer:

@@ -153,12 +153,12 @@ def test_lora_dropout_acts_in_the_train_step_only_with_the_steps_key():
     import jax.numpy as jnp
     from flax import nnx
 
-    from rljax.models import ModelConfig, init_model
+    from rljax.models import init_model
     from rljax.models.lora import add_adapters, set_dropout_key, split_trainable
     from rljax.train.steps import init_train_state
+    from tests.tiny_models import TWO_LAYER_QWEN2
 
-    config = ModelConfig(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    config = TWO_LAYER_QWEN2
     decoder = init_model(config)
     add_adapters(decoder, LoRAConfig(rank=4, alpha=8.0, dropout=0.3, target_modules=["q_proj", "down_proj"]))
     for i, (name, var) in enumerate(sorted(decoder.layers.variables().items())):
