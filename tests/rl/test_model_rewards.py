@@ -108,6 +108,7 @@ def hf_scores(hf_model, ids, mask=None) -> np.ndarray:
 # ---- the loader ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_exported_rm_reloads_bit_identically_and_matches_transformers(rm_dirs, tied):
     model, path = rm_dirs[tied]

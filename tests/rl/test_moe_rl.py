@@ -143,6 +143,7 @@ def test_replay_on_rollout_replicas_after_a_weight_hand_off(tmp_path):
     assert metrics["training/rollout_probs_diff_max"] < 1e-5
 
 
+@pytest.mark.slow
 def test_router_replay_refused_for_dense_models_only(tmp_path):
     with pytest.raises(Exception, match=r"actor.router_replay: the model \(qwen2\) is dense"):
         RLTrainer(make_config(tmp_path, "actor.router_replay=true"))

@@ -63,6 +63,7 @@ def test_request_streams_are_unique_and_in_range():
     assert sampling_params(cfg, 3, validation=True).stream == sampling_params(cfg, 9, validation=True).stream
 
 
+@pytest.mark.slow
 def test_three_turn_episode_never_reuses_a_key(tiny):
     tok, sampler = tiny
     used = []  # (seed, stream, sample index, absolute position) of every kept token

@@ -4,6 +4,7 @@ value is the source's."""
 
 import jax
 import numpy as np
+import pytest
 
 from rljax.models import init_model
 from rljax.models.lora import LoRAConfig, add_adapters, join, split_trainable
@@ -17,6 +18,7 @@ def buffers(tree) -> set[int]:
     return {s.data.unsafe_buffer_pointer() for leaf in jax.tree.leaves(tree) for s in leaf.addressable_shards}
 
 
+@pytest.mark.slow
 def test_only_changed_adapters_are_handed_off_again():
     config = TWO_LAYER_QWEN2
     decoder = init_model(config)

@@ -146,6 +146,7 @@ def test_only_the_configured_adapters_train_the_base_stays_bit_identical_and_8_d
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), adapters8, adapters1)
 
 
+@pytest.mark.slow
 def test_lora_dropout_acts_in_the_train_step_only_with_the_steps_key():
     """`model.lora.dropout`: the train step's forward drops (its loss differs from p = 0),
     the same (seed, step) draws the same masks, another step or seed others; every other
