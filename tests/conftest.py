@@ -12,9 +12,10 @@ more) make the cache hit where it would otherwise miss; each says why it is need
 Subprocesses keep jax's ways unless a test opts them in (the multi-process RL tests do,
 through a sitecustomize hook that calls `_share_programs_across_devices`).
 
-Lanes: `pytest -m "not slow" tests` is the development loop (unit tests); the `slow` marker
-(registered in pyproject.toml) is on end-to-end runs, subprocesses and multi-process runs.
-`pytest tests` runs both.
+Lanes: `pytest -m "not slow" tests` is the development loop; the `slow` marker (registered in
+pyproject.toml) is on end-to-end runs, subprocesses, multi-process runs, TPU compiles,
+benchmarks, and the unit tests that each take more than about 2.5 s of CPU (compiling a
+model, parity against transformers, sharded steps). `pytest tests` runs both.
 """
 import collections
 import os
