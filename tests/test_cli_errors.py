@@ -159,6 +159,7 @@ def test_debug_flag_and_env_show_the_traceback(failing_command, monkeypatch):
         cli.main(["train", "x.yaml"])
 
 
+@pytest.mark.slow
 def test_console_script_exit_status_and_stderr():
     """The real entry point, in a fresh process: one line, status 2, within seconds."""
     env = {k: v for k, v in os.environ.items() if k != "RLJAX_DEBUG"}

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from rljax.xla_flags import CPU_MULTI_DEVICE_FLAGS, apply, with_cpu_multi_device_flags
 
 SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
@@ -27,6 +29,7 @@ def test_added_for_several_host_devices_only_and_a_users_value_wins():
         "xla_cpu_enable_concurrency_optimized_scheduler"}
 
 
+@pytest.mark.slow
 def test_the_command_line_and_the_tests_run_with_them():
     assert SCHEDULER in os.environ["XLA_FLAGS"].split()  # tests/conftest.py applied them
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

@@ -24,6 +24,7 @@ def episodes(n: int):
     return [Episode(messages=[{"role": "user", "content": f"task {i}"}], group_id=i) for i in range(n)]
 
 
+@pytest.mark.slow
 def test_episodes_overlap_on_tool_latency(hermes_tok):
     """N episodes with a sleeping tool: every tool call starts before any ends."""
     n = 8

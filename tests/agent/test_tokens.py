@@ -362,7 +362,7 @@ def test_chat_formatter_rejects_templates_that_break_the_convention(hermes_tok):
 
 
 def test_rollout_sampler_adapter(hermes_tok):
-    params_mod = pytest.importorskip("rljax.rollout.params")
+    import rljax.rollout.params as params_mod
     from rljax.agent.rollout_adapter import RolloutSamplerAdapter
 
     class FakeRolloutSampler:

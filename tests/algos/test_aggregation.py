@@ -114,6 +114,7 @@ def _checker(mode):
     return run
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(batches())
 def test_micro_batches_equal_whole_batch(batch):

@@ -7,6 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 from flax import nnx
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
@@ -41,6 +42,7 @@ def test_matches_transformers_load_balancing_loss_func():
         np.testing.assert_allclose(float(ours), float(ref), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_decoder_routing_statistics_give_transformers_aux_loss(tmp_path):
     hf_model = build_hf_model("qwen3_moe", seed=1)
     hf_model.save_pretrained(tmp_path)

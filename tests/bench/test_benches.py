@@ -81,6 +81,7 @@ def run_quick(commands, name: str, tmp_path) -> list[dict]:
     return json.load(open(tmp_path / f"{name}.json"))["rows"]
 
 
+@pytest.mark.slow
 def test_quick_train(quick_commands, tmp_path):
     ours, theirs = run_quick(quick_commands, "train", tmp_path)
     assert ours["system"] == "rljax" and theirs["system"] == "torch"
@@ -88,6 +89,7 @@ def test_quick_train(quick_commands, tmp_path):
     assert ours["attention"] == "xla"  # auto on CPU
 
 
+@pytest.mark.slow
 def test_quick_mismatch(quick_commands, tmp_path):
     (row,) = run_quick(quick_commands, "mismatch", tmp_path)
     assert row["attention"] == "auto->xla" and row["tokens"] == 2 * 2 * 8
@@ -95,6 +97,7 @@ def test_quick_mismatch(quick_commands, tmp_path):
     assert row["rollout_vs_fp32_max"] < 0.1 and row["trainer_vs_fp32_max"] < 0.1
 
 
+@pytest.mark.slow
 def test_quick_step(quick_commands, tmp_path):
     (row,) = run_quick(quick_commands, "step", tmp_path)
     for key in ("gen", "old_log_prob", "ref", "update_actor", "step"):
@@ -156,6 +159,7 @@ def test_step_config_is_a_grpo_run_with_a_reference(tmp_path):
     assert cfg.model.hf_config["hidden_size"] == train.PRESETS["tiny"]["hidden_size"]
 
 
+@pytest.mark.slow
 def test_bench_agent_scripted_and_with_a_model(tmp_path):
     """`rljax bench agent`: the scripted comparison, then the real-model mode on a tiny
     random policy exported with the char tokenizer (it may or may not call the tool)."""
@@ -185,6 +189,7 @@ def test_bench_agent_scripted_and_with_a_model(tmp_path):
         assert result[f"{mode}_episodes_per_s"] > 0 and 0.0 <= result[f"{mode}_tool_use_rate"] <= 1.0
 
 
+@pytest.mark.slow
 def test_bench_rollout_replicas_do_an_eighth_of_the_work(tmp_path):
     """`rljax bench rollout` at a tiny size: 8 replicas of one device sample the tokens of
     the sampler on the training mesh, each device generating 1/8 of them with 1/8 of the
@@ -208,6 +213,7 @@ def test_routing_differs_counts_tokens_whose_expert_set_changed():
     np.testing.assert_array_equal(mismatch.routing_differs(recorded, own), [False, True, False])
 
 
+@pytest.mark.slow
 def test_mismatch_reports_routing_replay_on_a_moe(tmp_path):
     out = tmp_path / "mismatch.json"
     assert cli.main(["bench", "mismatch", "--model", "tiny-moe", "--dtypes", "float32", "--attention", "xla",

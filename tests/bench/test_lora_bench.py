@@ -4,7 +4,11 @@ count of its formula and its train state is a small fraction of full fine-tuning
 import argparse
 import json
 
+import pytest
+
 from rljax.bench import lora
+
+pytestmark = pytest.mark.slow
 
 
 def test_lora_bench_memory_plan(tmp_path):

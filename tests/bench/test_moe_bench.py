@@ -3,7 +3,11 @@ dispatch agreeing with the dense all-experts reference, the JSON written."""
 
 import json
 
+import pytest
+
 from rljax import cli
+
+pytestmark = pytest.mark.slow
 
 
 def test_moe_bench_tiny(tmp_path):

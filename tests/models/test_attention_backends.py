@@ -93,6 +93,7 @@ def test_registry_names_and_unknown_kernel():
         A.get_attention("flash")
 
 
+@pytest.mark.slow
 def test_xla_takes_segment_ids_or_the_dense_mask_alike():
     q, k, v = _qkv()
     seg = _packed()
@@ -130,6 +131,7 @@ INTERPRETED = {  # the Pallas kernels in interpret mode on any backend (exact fl
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["pallas_gpu", "splash"])
 def test_pallas_kernel_matches_reference_interpret(name):
     """Forward and gradients on packed segments, left and right padding, GQA, and a T
@@ -139,6 +141,7 @@ def test_pallas_kernel_matches_reference_interpret(name):
     _assert_matches_reference(INTERPRETED[name], _packed())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seg_fn", [_packed, _right_padded], ids=["packed->mask path", "right-padded->lengths path"])
 def test_cudnn_plumbing_with_the_xla_implementation(seg_fn):
     """The cudnn kernel's arguments (causal + lengths, or causal + same-segment mask,
@@ -151,6 +154,7 @@ def test_cudnn_plumbing_with_the_xla_implementation(seg_fn):
     _assert_matches_reference(kernel, seg_fn())
 
 
+@pytest.mark.slow
 def test_cudnn_zeroes_padding_queries_pads_odd_lengths_and_rejects_fp32():
     q, k, v = _qkv(t=T - 1)  # odd T: padded to even (cuDNN's bias path needs it), cut back
     seg = _packed(T - 1)
@@ -177,6 +181,7 @@ def test_choose_attention_by_platform_and_dtype():
     np.testing.assert_array_equal(jax.jit(A.auto_attention)(q, k, v, seg), jax.jit(A.xla_attention)(q, k, v, seg))
 
 
+@pytest.mark.slow
 def test_auto_dispatches_to_the_chosen_kernel(monkeypatch):
     calls = []
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
@@ -216,6 +221,7 @@ def test_pallas_kernel_under_a_mesh_runs_per_shard():
     np.testing.assert_allclose(jnp.where(_valid(seg), out, 0), jnp.where(_valid(seg), ref, 0), atol=2e-5)
 
 
+@pytest.mark.slow
 def test_decoder_with_a_pallas_kernel_matches_xla(monkeypatch):
     """The whole decoder (scan over layers) with the Pallas GPU kernel in
     interpret mode gives the xla decoder's logits on packed rows."""

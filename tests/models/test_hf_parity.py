@@ -27,6 +27,7 @@ def _params(model):
     return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(nnx.state(model))}
 
 
+@pytest.mark.slow
 def test_logits_match_transformers_on_padded_batch(hf_checkpoint):
     name, hf_model, path = hf_checkpoint
     ids, mask = padded_batch()
@@ -55,6 +56,7 @@ def test_export_roundtrip_transformers_and_rljax(hf_checkpoint, tmp_path):
         assert np.array_equal(again[key], value), key  # bit-identical
 
 
+@pytest.mark.slow
 def test_left_padding_and_packing_do_not_change_logits(tmp_path):
     hf_model = build_hf_model("qwen3")
     hf_model.save_pretrained(tmp_path)

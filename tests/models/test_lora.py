@@ -40,6 +40,7 @@ def _ours(decoder, ids, mask):
     return np.asarray(decoder(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
 
 
+@pytest.mark.slow
 def test_rljax_adapters_load_into_peft_with_the_same_logits(base, tmp_path):
     hf_model, path = base
     config = LoRAConfig(rank=4, alpha=8.0, target_modules=TARGETS)
@@ -57,6 +58,7 @@ def test_rljax_adapters_load_into_peft_with_the_same_logits(base, tmp_path):
     np.testing.assert_allclose(_ours(decoder, ids, mask)[keep], ref[keep], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_peft_adapters_load_into_rljax_with_the_same_logits(base, tmp_path):
     hf_model, path = base
     name = "llama" if hf_model.config.model_type == "llama" else "qwen3"
@@ -81,6 +83,7 @@ def test_peft_adapters_load_into_rljax_with_the_same_logits(base, tmp_path):
         load_peft_adapters(wrong, out)
 
 
+@pytest.mark.slow
 def test_adapters_off_is_the_base_model_and_merging_keeps_the_function(base):
     _, path = base
     plain = load_hf(path)
@@ -100,6 +103,7 @@ def test_adapters_off_is_the_base_model_and_merging_keeps_the_function(base):
     np.testing.assert_allclose(_ours(decoder, ids, mask), with_adapters, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_config_errors_and_a_reward_model_trains_adapters_and_its_head():
     import os
 

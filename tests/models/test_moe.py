@@ -65,6 +65,7 @@ def test_partly_dense_moe_configs_are_refused(changes, message):
         ModelConfig.from_hf_dict(_qwen3_moe_dict(**changes))
 
 
+@pytest.mark.slow
 def test_mixtral_sliding_window_and_lora_on_experts_are_refused():
     d = build_hf_model("mixtral").config.to_dict()
     d["sliding_window"] = 16
@@ -98,6 +99,7 @@ def _moe_inputs(seed=0, b=4, t=6, e=16, x=8, f=12, k=2):
     return h, router, gate, up, down, k
 
 
+@pytest.mark.slow
 def test_dispatch_equals_every_expert_computed_densely():
     h, router, gate, up, down, k = _moe_inputs()
     w, experts, _ = route(h, router, k, renormalise=True)

@@ -45,6 +45,7 @@ MOE = dict(model_type="qwen3_moe", vocab_size=64, hidden_size=32, intermediate_s
            num_key_value_heads=1, head_dim=16, initializer_range=0.2)
 
 
+@pytest.mark.slow
 def test_decoder_replaying_its_own_routing_is_the_plain_forward():
     model = init_model(ModelConfig.from_hf_dict(MOE), seed=1)
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 7)), jnp.int32)

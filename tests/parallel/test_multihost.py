@@ -10,6 +10,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from rljax.checkpoint import Checkpointer
@@ -22,6 +23,8 @@ from rljax.train.run_config import RunConfig
 from rljax.train.setup import build_decoder, load_tokenizer, train_state_shardings
 from rljax.train.steps import init_train_state
 from rljax.train.tasks import make_task
+
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "sft_tiny.yaml")

@@ -25,6 +25,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 import yaml
 
 from rljax.checkpoint import Checkpointer, abstract_like
@@ -33,6 +34,9 @@ from rljax.data.synthetic_spec import materialize
 import rljax.rl.generation as generation
 from rljax.rl.config import RLConfig
 from rljax.rl.trainer import RLTrainer, train_rl
+from tests.tiny_models import tiny_qwen2_hf
+
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS_YAML = os.path.join(ROOT, "configs", "tools", "calculator.yaml")
@@ -182,9 +186,7 @@ def configs(tmp_path, config: str, overrides: list[str]):
 
 def test_two_processes_run_agent_grpo_like_one(tmp_path, monkeypatch):
     config = write_config(tmp_path, {
-        "model": {"tokenizer": "char", "hf_config": {
-            "model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-            "num_attention_heads": 2, "num_key_value_heads": 2, "tie_word_embeddings": True}},
+        "model": {"tokenizer": "char", "hf_config": tiny_qwen2_hf(num_key_value_heads=2)},
         "agent": {"tool_config_path": TOOLS_YAML, "max_turns": 3, "max_tokens_per_turn": 96, "min_turn_tokens": 8}})
     overrides = [*COMMON, "trainer.algorithm=grpo", "trainer.total_steps=1", "trainer.save_freq=1",
                  'data.train_files=["synthetic:tool_arithmetic/rl?n=64&seed=0"]', "data.train_batch_size=4",
@@ -211,9 +213,7 @@ def test_two_processes_run_agent_grpo_like_one(tmp_path, monkeypatch):
 
 def test_two_processes_ppo_killed_resumed_and_evaluated_like_one(tmp_path):
     (tmp_path / "reward.py").write_text(DIGIT_REWARD)
-    config = write_config(tmp_path, {"model": {"tokenizer": "char", "hf_config": {
-        "model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "num_key_value_heads": 2, "tie_word_embeddings": True}}})
+    config = write_config(tmp_path, {"model": {"tokenizer": "char", "hf_config": tiny_qwen2_hf(num_key_value_heads=2)}})
     overrides = [
         *COMMON, "trainer.algorithm=ppo", "algorithm.adv_estimator=gae", "trainer.total_steps=2",
         "trainer.save_freq=1", "trainer.test_freq=0", f"data.train_files=[{ragged_rows(tmp_path / 'train.jsonl', 64)}]",

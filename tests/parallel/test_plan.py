@@ -15,6 +15,7 @@ def rows(plan):
     return dict(plan.rows)
 
 
+@pytest.mark.slow
 def test_plan_bytes_equal_measured_bytes_of_a_sharded_init(tiny_fsdp8):
     _, _, state = tiny_fsdp8
     plan = rows(make_plan(load_raw(TINY, TINY_FSDP8)))

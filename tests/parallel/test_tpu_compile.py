@@ -25,8 +25,11 @@ QWEN_05B = ("{model_type: qwen2, vocab_size: 151936, hidden_size: 896, intermedi
             "num_hidden_layers: 24, num_attention_heads: 14, num_key_value_heads: 2, rope_theta: 1000000.0, "
             "tie_word_embeddings: true}")
 
-needs_libtpu = pytest.mark.skipif(not libtpu_available(),
-                                  reason="libtpu is not installed (pip install \"jax[tpu]==<jax version>\")")
+
+def needs_libtpu(test):
+    """A compile for a TPU: in the slow lane, and skipped without libtpu."""
+    return pytest.mark.slow(pytest.mark.skipif(
+        not libtpu_available(), reason="libtpu is not installed (pip install \"jax[tpu]==<jax version>\")")(test))
 
 
 # ---- names and peaks -------------------------------------------------------------------------

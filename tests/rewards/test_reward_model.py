@@ -41,6 +41,7 @@ def direct(model, seq):
     return float(_call(model, ids, jnp.ones_like(ids))[0])
 
 
+@pytest.mark.slow
 def test_scores_match_direct_call(rm):
     rng = np.random.RandomState(0)
     seqs = [rng.randint(1, 128, size=n).tolist() for n in (5, 12, 8, 12, 5)]

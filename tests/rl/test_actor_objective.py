@@ -81,6 +81,7 @@ def assert_same_update(a, b, atol):
         np.testing.assert_allclose(x, y, atol=atol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_actor_update_is_the_same_whole_in_micro_batches_and_sharded(mode):
     actor = ActorConfig(loss_agg_mode=mode, use_kl_loss=True, kl_loss_coef=0.5, kl_loss_type="low_var_kl",
@@ -92,6 +93,7 @@ def test_actor_update_is_the_same_whole_in_micro_batches_and_sharded(mode):
     assert_same_update(one_step(actor, 2, mesh=mesh), whole, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_clip_cov_selection_is_drawn_per_step_from_the_state_rng():
     """Clip-Cov detaches a random subset of tokens: with ratio 0.5 and a covariance window
     that admits every token, half of them. The subset must change from step to step (a
@@ -127,6 +129,7 @@ def direct_full_kl(hidden, unembed, ref_hidden, ref_unembed, temperature):
     return jnp.pad(kl[:, :-1], ((0, 0), (1, 0)))
 
 
+@pytest.mark.slow
 def test_full_kl_in_chunks_equals_the_direct_computation_value_and_gradient():
     rng = np.random.RandomState(0)
     b, t, h, v = 3, 11, 8, 40
@@ -150,6 +153,7 @@ def test_full_kl_in_chunks_equals_the_direct_computation_value_and_gradient():
     np.testing.assert_allclose(kl_from_hidden(hidden, unembed, hidden, unembed, chunk_size=4), 0.0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_full_kl_loss_in_the_actor_objective_matches_the_direct_kl_and_splits_exactly():
     """kl_loss_type=full: the KL term is the direct [B, T, V] KL against the frozen
     reference (params perturbed from the policy's), token-mean over response tokens; the
@@ -178,6 +182,7 @@ def model_log_probs(batch):
     return np.asarray(init_model(CONFIG, seed=0).token_log_probs(batch["input_ids"], batch["attention_mask"]))
 
 
+@pytest.mark.slow
 def test_decoupled_is_weights_multiply_the_policy_gradient_term():
     """old_log_probs = the model's own (ratio 1, vanilla PPO: per-token loss -A), so the
     policy term is -sum(w A m) / sum(m) with the batch's weights, by hand."""
@@ -190,6 +195,7 @@ def test_decoupled_is_weights_multiply_the_policy_gradient_term():
     np.testing.assert_allclose(metrics["actor/pg_loss"], -(w * adv * m).sum() / m.sum(), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_bypass_reinforce_weights_and_rejection_from_the_current_policy():
     """Bypass mode, loss_type=reinforce, token IS truncated at 1.5, token_k1 rejection
     "0.5_1.6" (verl: bounds on exp(k1) = 1/rho): rho = pi_theta / pi_rollout from the current

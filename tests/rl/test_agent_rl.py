@@ -47,6 +47,7 @@ from rljax.rl.config import RLConfig
 from rljax.rl.trainer import RLTrainer
 from rljax.rollout.params import Completion, SamplingParams
 from tests.rl.test_rl_train import capture_batches
+from tests.tiny_models import tiny_qwen2_hf
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOLS_YAML = os.path.join(REPO, "configs", "tools", "calculator.yaml")
@@ -344,8 +345,7 @@ class FirstTurnScripted:
         return [comp]
 
 
-TINY_QWEN2 = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-              "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": True}
+TINY_QWEN2 = tiny_qwen2_hf()
 
 
 def agent_trainer(tmp_path, hf_config: dict, agent: dict, *overrides) -> RLTrainer:
@@ -370,6 +370,7 @@ def agent_trainer(tmp_path, hf_config: dict, agent: dict, *overrides) -> RLTrain
         os.chdir(cwd)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("error:an RL data row")
 def test_one_agent_rl_step_on_tiny_model(tmp_path, tok):
     trainer = agent_trainer(tmp_path, TINY_QWEN2, {"max_turns": 3, "max_tokens_per_turn": 96, "min_turn_tokens": 8})
@@ -437,6 +438,7 @@ class ScriptedCallWithRouting:
         return [dataclasses.replace(comp, expert_ids=record)]
 
 
+@pytest.mark.slow
 def test_agent_routing_replay_on_tiny_moe(tmp_path, tok):
     """One GRPO step, a qwen3_moe policy in float32, `actor.router_replay=true`, a calculator
     call per episode: every position the model computed carries a record in the batch, and

@@ -7,6 +7,7 @@ import os
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from rljax.cli import main
@@ -15,6 +16,8 @@ from rljax.rl.forwards import make_log_prob_fn
 from rljax.rl.trainer import RLTrainer
 
 from .test_rl_train import make_config
+
+pytestmark = pytest.mark.slow
 
 VAL = 'data.val_files=["synthetic:arithmetic/rl?n=12&seed=5&digits=1"]'
 

@@ -7,11 +7,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from rljax.models.lora import LoRAConfig
 from rljax.rl.trainer import RLTrainer
 from rljax.train.setup import build_decoder
 from tests.rl.test_rl_train import capture_batches, make_config
+
+pytestmark = pytest.mark.slow
 
 
 def test_lora_grpo_learns_with_fresh_sampler_adapters_and_the_base_as_reference(tmp_path):

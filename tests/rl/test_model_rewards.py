@@ -108,6 +108,7 @@ def hf_scores(hf_model, ids, mask=None) -> np.ndarray:
 # ---- the loader ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_exported_rm_reloads_bit_identically_and_matches_transformers(rm_dirs, tied):
     model, path = rm_dirs[tied]
@@ -313,6 +314,7 @@ def test_sampler_generate_fn_skips_prompts_too_long_for_the_verdict():
 # ---- one RL step -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_grpo_step_rewards_are_reward_model_scores(tmp_path, rm_dirs, tok):
     _, rm_path = rm_dirs[False]  # untied: the loaded backbone has no lm_head
     cfg = make_config(tmp_path, "trainer.total_steps=1", "data.train_batch_size=2", "rollout.n=4",

@@ -38,6 +38,7 @@ def one_step(actor, mesh=None, config=MOE):
                                    None, None))
 
 
+@pytest.mark.slow
 def test_load_balancing_term_in_the_actor_loss():
     coef = 0.5
     _, plain = one_step(ActorConfig())
@@ -60,6 +61,7 @@ def test_dense_model_with_router_aux_loss_is_refused():
         one_step(ActorConfig(router_aux_loss_coef=0.1), config=DENSE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_config", [MeshConfig(fsdp=8), MeshConfig(data=2, fsdp=2, tensor=2)])
 def test_expert_parallel_update_equals_one_device(mesh_config):
     actor = ActorConfig(router_aux_loss_coef=0.1, use_kl_loss=True)
@@ -71,6 +73,7 @@ def test_expert_parallel_update_equals_one_device(mesh_config):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_expert_parallel_dispatch_in_row_chunks_equals_one_device(monkeypatch):
     """Rows that would gather more than MAX_GATHERED_TOKENS go through in chunks
     (`lax.map`): same outputs and gradients as one device."""

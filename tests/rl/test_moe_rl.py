@@ -47,6 +47,7 @@ def replay_step(tmp_path_factory):
     trainer.close()
 
 
+@pytest.mark.slow
 def test_replay_makes_old_log_probs_the_rollouts(replay_step):
     trainer, batch, metrics, before = replay_step
     experts, mask, response = batch.expert_ids, batch.attention_mask, batch.response_mask > 0
@@ -63,6 +64,7 @@ def test_replay_makes_old_log_probs_the_rollouts(replay_step):
     assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
 
 
+@pytest.mark.slow
 def test_the_replayed_ids_are_used(replay_step):
     """Other experts at recorded tokens change the log-probs: the forwards read the record."""
     trainer, batch, _, before = replay_step
@@ -77,6 +79,7 @@ def test_the_replayed_ids_are_used(replay_step):
     assert np.abs(moved - same)[response].max() > 1e-2
 
 
+@pytest.mark.slow
 def test_kl_term_reads_token_log_probs_only(replay_step):
     """The reference routes its own way (no replay), and the actor's KL loss is k3 of the
     policy's token log-probs (under the routing it ran) against the reference's: the same
@@ -108,6 +111,7 @@ def test_kl_term_reads_token_log_probs_only(replay_step):
     assert abs(kls[2] - kls[0]) > 1e-6  # another routing is another policy, with another KL
 
 
+@pytest.mark.slow
 def test_grpo_step_without_replay(tmp_path):
     trainer = RLTrainer(moe_config(tmp_path))
     captured = capture_batches(trainer)
@@ -119,6 +123,7 @@ def test_grpo_step_without_replay(tmp_path):
     assert metrics["training/rollout_probs_diff_max"] < 1e-4
 
 
+@pytest.mark.slow
 def test_replay_on_rollout_replicas_after_a_weight_hand_off(tmp_path):
     """Two rollout replicas of one device each (on 2 of the 8 training devices): each
     replica records its own samples' experts, and after the update's hand-off the
@@ -138,6 +143,7 @@ def test_replay_on_rollout_replicas_after_a_weight_hand_off(tmp_path):
     assert metrics["training/rollout_probs_diff_max"] < 1e-5
 
 
+@pytest.mark.slow
 def test_router_replay_refused_for_dense_models_only(tmp_path):
     with pytest.raises(Exception, match=r"actor.router_replay: the model \(qwen2\) is dense"):
         RLTrainer(make_config(tmp_path, "actor.router_replay=true"))

@@ -21,6 +21,7 @@ def _replica_config(cfg, replicas: int, tp: int = 1):
         cfg.rollout, tensor_parallel_size=tp, data_parallel_size=replicas))
 
 
+@pytest.mark.slow
 def test_one_two_four_eight_replicas_sample_the_same_tokens(tmp_path):
     cfg = make_config(tmp_path, "rollout.temperature=1.0", "rollout.num_pages=64", "rollout.n=2")
     mesh = make_mesh(cfg.mesh)
@@ -66,6 +67,7 @@ def test_layout_errors_name_the_keys(tmp_path):
     assert rollout_layout(_replica_config(cfg, 2, tp=2)).num_replicas == 2
 
 
+@pytest.mark.slow
 def test_grpo_step_on_replicas_equals_the_training_mesh_sampler(tmp_path):
     """Same config, sampler on the training mesh vs 4 replicas of 2 devices: the same
     tokens, rewards and losses (fp32, tiny model), and the replicas get the new weights."""

@@ -22,6 +22,7 @@ from rljax.rollout.params import SamplingParams
 from rljax.rollout.sampling import row_keys
 from rljax.train.run_config import ModelSection
 from rljax.train.setup import build_decoder
+from tests.tiny_models import tiny_qwen2_hf
 
 
 class ThreeTurns(Environment):
@@ -44,9 +45,7 @@ class ThreeTurns(Environment):
 @pytest.fixture(scope="module")
 def tiny():
     tok = build_char_tokenizer()
-    section = ModelSection(tokenizer="char", hf_config={
-        "model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": True})
+    section = ModelSection(tokenizer="char", hf_config=tiny_qwen2_hf())
     decoder = build_decoder(section, tok)
     config = SamplerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256,
                            kv_cache=KVCacheConfig(page_size=8, num_pages=128))
@@ -64,6 +63,7 @@ def test_request_streams_are_unique_and_in_range():
     assert cfg.sampling_params(3, validation=True).stream == cfg.sampling_params(9, validation=True).stream
 
 
+@pytest.mark.slow
 def test_three_turn_episode_never_reuses_a_key(tiny):
     tok, sampler = tiny
     used = []  # (seed, stream, sample index, absolute position) of every kept token

@@ -18,6 +18,8 @@ from rljax.rl.trainer import RLTrainer
 
 from .test_rl_train import make_config
 
+pytestmark = pytest.mark.slow
+
 SMALL = ["algorithm.adv_estimator=grpo", "rollout.n=4", "actor.ppo_mini_batch_size=8"]
 
 

@@ -9,6 +9,7 @@ import textwrap
 
 import jax
 import numpy as np
+import pytest
 import yaml
 
 from rljax.checkpoint import Checkpointer
@@ -17,6 +18,8 @@ from rljax.rl.config import RLConfig
 from rljax.rl.trainer import RLTrainer
 
 from .test_rl_train import BASE, DIGIT_REWARD
+
+pytestmark = pytest.mark.slow
 
 KILL_AFTER_STEP_3 = textwrap.dedent("""
     import os, signal, sys

@@ -5,11 +5,15 @@ import os
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from rljax.config import load_config
 from rljax.rl.config import RLConfig
 from rljax.rl.trainer import RLTrainer
+from tests.tiny_models import tiny_qwen2_hf
+
+pytestmark = pytest.mark.slow
 
 DIGIT_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -18,9 +22,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 BASE = {
-    "model": {"tokenizer": "char", "hf_config": {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64,
-                                                  "num_hidden_layers": 1, "num_attention_heads": 2,
-                                                  "num_key_value_heads": 1, "tie_word_embeddings": True}},
+    "model": {"tokenizer": "char", "hf_config": tiny_qwen2_hf()},
 }
 
 

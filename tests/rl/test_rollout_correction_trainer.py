@@ -11,11 +11,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from rljax.rl.trainer import RLTrainer
 
 from .test_rl_train import make_config
+
+pytestmark = pytest.mark.slow
 
 OFFSETS = np.array([0.0, 0.4, -0.4, 1.0, -1.0], np.float32)
 VETO_OFFSET = 1.5  # rho = e^-1.5 = 0.22 < the veto threshold 0.3

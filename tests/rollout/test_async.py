@@ -7,7 +7,10 @@ from rljax.rollout import GenerationRequest, SamplingParams
 
 from .conftest import random_prompts
 
+import pytest
 
+
+@pytest.mark.slow
 def test_concurrent_generate_async_equals_sync(roomy_sampler):
     prompts = random_prompts([4, 9, 15, 2, 11, 6, 8, 13, 3, 10], seed=21)
     params = [

@@ -87,6 +87,7 @@ def test_pallas_kernel_lowers_to_triton_for_cuda():
     assert "xla.gpu.triton" in exported.mlir_module()
 
 
+@pytest.mark.slow
 def test_engine_with_pallas_decode_matches_reference_engine(llama, roomy_sampler):
     from rljax.rollout import Sampler
 
@@ -116,6 +117,7 @@ def tpu_kernel_case(seed: int, heads: int):
     return q, k_pool, v_pool, table, jnp.maximum(kv_lens - 1, 0)[:, None], kv_lens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads, cores", [(K, 1), (N, 1), (N, 2)])  # 1 or 4 query heads per kv head; megacore
 def test_tpu_paged_kernel_equals_reference(heads, cores):
     """12-page tables with 4-token pages: blocks of 16 pages, the table padded with the
@@ -132,6 +134,7 @@ def test_tpu_paged_kernel_equals_reference(heads, cores):
         np.testing.assert_array_equal(got[4], 0.0)  # an empty row: zeros, not NaN
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tensor", [2, 1])
 def test_tpu_paged_kernel_on_a_mesh(tensor):
     """On a 2-device mesh the kernel runs per shard in shard_map: pools split on kv heads
@@ -151,6 +154,7 @@ def test_tpu_paged_kernel_on_a_mesh(tensor):
     np.testing.assert_allclose(got[:4], want[:4], atol=2e-5)
 
 
+@pytest.mark.slow
 def test_engine_with_tpu_paged_decode_matches_reference_engine(llama):
     """The engine with `attention=pallas_tpu` (interpret mode) samples the reference
     engine's greedy tokens. Both pools are bfloat16, what the kernel reads."""

@@ -2,7 +2,11 @@
 
 import json
 
+import pytest
+
 from rljax.cli import main
+
+pytestmark = pytest.mark.slow
 
 
 def test_bench_sampler_tiny(tmp_path, capsys):

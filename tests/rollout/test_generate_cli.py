@@ -2,6 +2,7 @@
 offline (chat template included)."""
 
 from tokenizers import Tokenizer, models, pre_tokenizers
+import pytest
 from transformers import PreTrainedTokenizerFast
 
 from rljax.cli import main
@@ -25,6 +26,7 @@ def save_tokenizer(path) -> PreTrainedTokenizerFast:
     return fast
 
 
+@pytest.mark.slow
 def test_generate_command(tmp_path, capsys):
     build_hf("llama", tmp_path)
     save_tokenizer(tmp_path)

@@ -21,6 +21,7 @@ def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"])
 def test_greedy_matches_transformers_with_preemption(hf_models, family):
     hf, path = hf_models[family]
@@ -38,6 +39,7 @@ def test_greedy_matches_transformers_with_preemption(hf_models, family):
         assert completion.token_ids == hf_greedy(hf, prompt, NEW)
 
 
+@pytest.mark.slow
 def test_moe_greedy_with_experts_over_the_mesh_matches_transformers(hf_models, monkeypatch):
     """Qwen3-MoE with its experts split over fsdp = 4 (and their width over tensor = 2):
     the sampler traces its programs under the experts' mesh, so its forward runs the

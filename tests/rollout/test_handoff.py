@@ -44,6 +44,7 @@ def buffers(tree) -> set[int]:
     return {s.data.unsafe_buffer_pointer() for leaf in jax.tree.leaves(tree) for s in leaf.addressable_shards}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh, tp, rollout_devices", [
     (dict(fsdp=8), 1, slice(None)),
     (dict(fsdp=8), 2, slice(None)),
@@ -97,6 +98,7 @@ def test_hand_off_to_chosen_replicas(params):
     assert {d.id for d in measured_bytes(third)} == {4, 5}
 
 
+@pytest.mark.slow
 def test_a_sampler_on_a_replica_samples_the_single_device_tokens(llama, roomy_sampler):
     """The plug-in path: the replica's state merged into the model runs a Sampler on the
     replica's devices (kv heads over its tensor axis) with the single-device tokens."""

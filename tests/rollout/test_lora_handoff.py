@@ -4,21 +4,23 @@ value is the source's."""
 
 import jax
 import numpy as np
+import pytest
 
-from rljax.models import ModelConfig, init_model
+from rljax.models import init_model
 from rljax.models.lora import LoRAConfig, add_adapters, join, split_trainable
 from rljax.parallel import MeshConfig, make_mesh, state_shardings
 from rljax.rollout.handoff import HandOffCache, timed_hand_off
 from rljax.rollout.replicas import ReplicaLayout
+from tests.tiny_models import TWO_LAYER_QWEN2
 
 
 def buffers(tree) -> set[int]:
     return {s.data.unsafe_buffer_pointer() for leaf in jax.tree.leaves(tree) for s in leaf.addressable_shards}
 
 
+@pytest.mark.slow
 def test_only_changed_adapters_are_handed_off_again():
-    config = ModelConfig(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    config = TWO_LAYER_QWEN2
     decoder = init_model(config)
     add_adapters(decoder, LoRAConfig(rank=2, target_modules=["q_proj", "down_proj"]))
     mesh = make_mesh(MeshConfig(fsdp=8))

@@ -4,6 +4,7 @@ pressure; a parameter update empties the cache; property test of the cache's pag
 references over random traffic."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,6 +42,7 @@ def test_the_next_turn_reuses_the_conversations_pages(llama):
         plain.close()
 
 
+@pytest.mark.slow
 def test_pressure_evicts_cached_pages_and_outputs_stay_exact(llama):
     """14 pages for 4 slots of up to 12 pages: the cache must give pages back (and
     sequences are preempted) all the time; the tokens equal an uncached sampler's."""

@@ -28,6 +28,7 @@ def teacher_forced_experts(model, completions) -> list[np.ndarray]:
     return [experts[i, : len(c.prompt_token_ids) + len(c.token_ids)] for i, c in enumerate(completions)]
 
 
+@pytest.mark.slow
 def test_recorded_experts_equal_the_trainer_forwards_with_preemption(hf_models):
     model = load_hf(hf_models["qwen3_moe"][1])
     prompts = random_prompts(LENGTHS, seed=3)
@@ -54,6 +55,7 @@ def test_recorded_experts_equal_the_trainer_forwards_with_preemption(hf_models):
     assert len({tuple(e) for c in out for e in c.expert_ids[:-1].reshape(-1, k)}) > 4  # routing varies
 
 
+@pytest.mark.slow
 def test_no_record_without_the_option(hf_models):
     model = load_hf(hf_models["qwen3_moe"][1])
     with Sampler(model, sampler_config(num_pages=32)) as sampler:

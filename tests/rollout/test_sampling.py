@@ -5,6 +5,7 @@ their own key only, and draws follow the filtered softmax. Every call has one sh
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from rljax.rollout.sampling import filter_logits, sample_tokens
 
@@ -41,6 +42,7 @@ def test_filters():
     assert got == [{0, 1}, {0, 1}, {0, 1, 2}, {0, 1}, {0, 1}, {0, 1, 2, 3}, {0}, {0, 1, 2}]
 
 
+@pytest.mark.slow
 def test_greedy_and_log_probs_before_filtering():
     logits = jax.random.normal(jax.random.key(0), (B, V)) * 3
     tokens, log_probs = sample(logits, **row_args(temperature=0.0))

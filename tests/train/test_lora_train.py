@@ -11,6 +11,7 @@ import re
 import jax
 import numpy as np
 import peft
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -43,6 +44,7 @@ def metrics(run_dir):
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_lora_sft_learns_exports_and_resumes_bit_exactly(tmp_path):
     # a frozen random unembedding of std 0.02 bounds the logits near 0: a wider init leaves the adapters room
     lora = ["model.lora.rank=8", "model.lora.alpha=16", "optim.lr=1e-2", "model.hf_config.initializer_range=0.2"]
@@ -91,6 +93,7 @@ def test_lora_sft_learns_exports_and_resumes_bit_exactly(tmp_path):
     np.testing.assert_allclose(ours, via_peft, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_lora_dpo_reference_is_the_base_model(tmp_path):
     cfg = config(tmp_path, "dpo_tiny.yaml", "model.lora.rank=4", "optim.lr=1e-2", "trainer.total_steps=4",
                  "trainer.save_freq=0")
@@ -100,6 +103,7 @@ def test_lora_dpo_reference_is_the_base_model(tmp_path):
     assert abs(rows[-1]["rewards/margins"]) > 1e-4  # then the adapters move away from it
 
 
+@pytest.mark.slow
 def test_only_the_configured_adapters_train_the_base_stays_bit_identical_and_8_devices_equal_1(
         tmp_path, rank=2, targets=("v_proj", "down_proj")):
     cfg = config(tmp_path, "sft_tiny.yaml", f"model.lora.rank={rank}", f"model.lora.target_modules=[{','.join(targets)}]",
@@ -142,6 +146,7 @@ def test_only_the_configured_adapters_train_the_base_stays_bit_identical_and_8_d
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), adapters8, adapters1)
 
 
+@pytest.mark.slow
 def test_lora_dropout_acts_in_the_train_step_only_with_the_steps_key():
     """`model.lora.dropout`: the train step's forward drops (its loss differs from p = 0),
     the same (seed, step) draws the same masks, another step or seed others; every other
@@ -149,12 +154,12 @@ def test_lora_dropout_acts_in_the_train_step_only_with_the_steps_key():
     import jax.numpy as jnp
     from flax import nnx
 
-    from rljax.models import ModelConfig, init_model
+    from rljax.models import init_model
     from rljax.models.lora import add_adapters, set_dropout_key, split_trainable
     from rljax.train.steps import init_train_state
+    from tests.tiny_models import TWO_LAYER_QWEN2
 
-    config = ModelConfig(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    config = TWO_LAYER_QWEN2
     decoder = init_model(config)
     add_adapters(decoder, LoRAConfig(rank=4, alpha=8.0, dropout=0.3, target_modules=["q_proj", "down_proj"]))
     for i, (name, var) in enumerate(sorted(decoder.layers.variables().items())):

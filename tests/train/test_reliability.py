@@ -71,6 +71,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_resume_skips_a_damaged_latest_checkpoint(base_run, tmp_path, damage, capsys):
     from rljax.checkpoint import CheckpointError, resume  # noqa: F401  (new API)
@@ -109,6 +110,7 @@ def test_resume_skips_a_damaged_latest_checkpoint(base_run, tmp_path, damage, ca
     assert any(name.startswith("4.damaged") for name in os.listdir(ckpt))
 
 
+@pytest.mark.slow
 def test_checkpoints_of_another_config_are_not_called_damaged(base_run, tmp_path):
     """No checkpoint restores into a changed model: nothing is set aside, and the message
     points at the config."""
@@ -135,6 +137,7 @@ def test_checkpoints_of_another_config_are_not_called_damaged(base_run, tmp_path
     assert listing(run_dir) == ["2", "4"]
 
 
+@pytest.mark.slow
 def test_damaged_latest_resumes_from_previous_and_logs_each_step_once(base_run, tmp_path, capsys):
     run_dir = copy_run(base_run, tmp_path)
     os.remove(os.path.join(run_dir, "checkpoints", "4", "state", "_METADATA"))
@@ -146,6 +149,7 @@ def test_damaged_latest_resumes_from_previous_and_logs_each_step_once(base_run, 
     assert steps_logged(run_dir) == [1, 2, 3, 4]  # steps 3 and 4 once, from the resumed run
 
 
+@pytest.mark.slow
 def test_damaged_latest_stops_with_one_line_when_fallback_is_off(base_run, tmp_path):
     from rljax.checkpoint import CheckpointError
 
@@ -156,6 +160,7 @@ def test_damaged_latest_stops_with_one_line_when_fallback_is_off(base_run, tmp_p
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_disk_full_fails_that_save_and_keeps_the_previous_checkpoint(base_run, tmp_path, monkeypatch, capsys):
     from orbax.checkpoint._src.handlers import json_checkpoint_handler as jch
 
@@ -185,6 +190,7 @@ def test_disk_full_fails_that_save_and_keeps_the_previous_checkpoint(base_run, t
     assert steps_logged(run_dir) == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_consecutive_skipped_steps_stop_the_run(base_run, tmp_path, monkeypatch):
     """From step 3 every loss is NaN (each update skipped): with
     trainer.max_consecutive_skipped_steps=2 the run stops at step 4, says what to try,
@@ -243,6 +249,7 @@ INTERRUPTED_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_interrupt_or_error_finishes_the_save_in_flight(tmp_path):
     procs = {}
     for kind in ("interrupt", "error"):
@@ -286,6 +293,7 @@ def test_tracker_drops_replayed_steps_on_resume(tmp_path):
     assert steps_logged(str(tmp_path)) == [1]
 
 
+@pytest.mark.slow
 def test_export_refuses_a_folder_that_holds_files(base_run, tmp_path):
     from rljax.cli import main
 

@@ -129,6 +129,7 @@ def test_resume_restores_state_data_and_meta_and_close_runs_every_closer(tmp_pat
         assert yaml.safe_load(f)["trainer"]["total_steps"] == 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_decoder_token_log_probs_is_the_chunked_math_bit_for_bit(temperature):
     config = ModelConfig.from_hf_dict({"model_type": "qwen2", "vocab_size": 40, "hidden_size": 32,

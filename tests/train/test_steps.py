@@ -52,6 +52,7 @@ def flat(params):
     return [np.asarray(x) for x in jax.tree.leaves(params)]
 
 
+@pytest.mark.slow
 def test_micro_batches_equal_whole_batch():
     whole, m1 = run_step(1)
     split, m4 = run_step(4)
@@ -63,6 +64,7 @@ def test_micro_batches_equal_whole_batch():
     assert m1["train/loss_denominator"] == sft_batch()["loss_mask"].sum()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", [dict(fsdp=8), dict(data=2, fsdp=4), dict(data=2, fsdp=2, tensor=2)])
 def test_sharded_step_equals_single_device(layout):
     single, m1 = run_step(2)
@@ -73,6 +75,7 @@ def test_sharded_step_equals_single_device(layout):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_non_finite_step_is_skipped_and_counted():
     def objective(model, batch, frozen, totals, key):
         terms, metrics = sft_objective()(model, batch, frozen, totals, key)

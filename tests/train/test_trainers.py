@@ -41,6 +41,7 @@ def run(config_name, tmp_path, *overrides):
     return os.path.join(str(tmp_path), cfg.trainer.experiment_name), cfg
 
 
+@pytest.mark.slow
 def test_sft_loss_falls_and_export_matches_transformers(tmp_path):
     run_dir, cfg = run("sft_tiny.yaml", tmp_path, "trainer.total_steps=30", "trainer.save_freq=0",
                        "trainer.test_freq=0")
@@ -65,6 +66,7 @@ def test_sft_loss_falls_and_export_matches_transformers(tmp_path):
     np.testing.assert_allclose(ours, ref, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_dpo_raises_margin_and_accuracy(tmp_path):
     run_dir, _ = run("dpo_tiny.yaml", tmp_path, "trainer.total_steps=30", "trainer.save_freq=0",
                      "trainer.test_freq=0")
@@ -76,6 +78,7 @@ def test_dpo_raises_margin_and_accuracy(tmp_path):
     assert val["val/rewards/margins"] > 0.05 and val["val/rewards/accuracies"] > 0.6
 
 
+@pytest.mark.slow
 def test_reward_model_separates_pairs_and_exports(tmp_path):
     run_dir, cfg = run("rm_tiny.yaml", tmp_path, "trainer.total_steps=20", "data.batch_size=32",
                        "trainer.save_freq=0", "trainer.test_freq=0")
@@ -107,6 +110,7 @@ KILL_AT_STEP_7 = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_ends_bit_identical(tmp_path, capsys):
     common = ["trainer.total_steps=10", "trainer.save_freq=4", "trainer.test_freq=0", "data.val_files=[]",
               "optim.lr_scheduler_type=cosine", "optim.warmup_steps=2"]

@@ -1,0 +1,1 @@
+"""rljax's test suite (a regular package, so `tests.*` never resolves to an installed package's `tests`)."""
