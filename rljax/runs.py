@@ -3,7 +3,7 @@
 
 A run lives in `<trainer.default_local_dir>/<trainer.experiment_name>/`:
 
-    .lock            held by the process that owns the run (`rljax.run_lock`)
+    .lock            held by the process that owns the run (`RunLock`)
     config.yaml      the resolved config (synthetic data specs replaced by their files)
     config.step-N.yaml   the config of steps 1..N, kept when a resume at N changed it
     tokenizer/       the run's tokenizer
@@ -30,8 +30,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import datetime
+import errno
+import fcntl
 import json
 import os
+import socket
 from typing import Any, Callable, Iterator
 
 import jax
@@ -44,7 +48,6 @@ from rljax.config import ConfigError, config_to_dict, load_config, save_config, 
 from rljax.data.synthetic_spec import materialize
 from rljax.data.tokenizer import load_tokenizer
 from rljax.distributed import is_coordinator, print0
-from rljax.run_lock import RunLock
 from rljax.tracking import Tracker
 
 
@@ -75,8 +78,80 @@ def _due(step: int, every: int, total_steps: int) -> bool:
     return step == total_steps or bool(every and step % every == 0)
 
 
-# keys a resume may change without a word: how the run is logged, checkpointed and resumed, not what it trains
-FREE_KEYS = ("trainer.logger", "trainer.resume_mode", "trainer.resume_fallback", "trainer.async_save")
+# ---- one owner per run folder ---------------------------------------------------------------
+#
+# The owner holds an open descriptor of `<run>/.lock` with `fcntl.flock(LOCK_EX)` for the
+# life of the run and writes who it is into the file (host, pid, start time in UTC). The
+# kernel drops the lock when that descriptor is closed, which also happens when the
+# process dies in any way (kill -9 included), so a lock is never stale: the file stays,
+# but nobody holds it. A second owner (another process, or another `RunLock` in the same
+# process: `flock` locks belong to the open file, not the process) fails at once with
+# `RunLockedError`, one line naming the folder and the owner's record. On a network
+# filesystem the guarantee is the filesystem's (docs/runs.md, "One owner per run folder"):
+# Linux NFS clients emulate `flock` with NFS byte-range locks (local to one client under a
+# `local_lock=` mount option); GCS FUSE does not support file locks.
+
+LOCK_FILE = ".lock"
+
+
+class RunLockedError(RuntimeError):
+    """The run folder already has an owner (the message names it)."""
+
+
+def _owner_record() -> str:
+    since = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"host {socket.gethostname()}, pid {os.getpid()}, since {since}"
+
+
+class RunLock:
+    """The exclusive lock of one run folder, taken at construction (`RunLockedError` if
+    another owner holds it), released by `release` (or by the process ending)."""
+
+    def __init__(self, directory: str):
+        self._fd: int | None = None
+        self.path = os.path.join(directory, LOCK_FILE)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise RunLockedError(f"{directory}: the run folder is in use by {self._owner()} "
+                                 f"(one process owns a run folder; lock file {self.path})") from None
+        self._fd = fd
+        record = _owner_record().encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record + b"\n", 0)
+        os.fsync(fd)
+
+    def _owner(self) -> str:
+        """The holder's record, as it wrote it."""
+        try:
+            with open(self.path) as f:
+                text = " ".join(f.read().split())
+        except OSError:
+            text = ""
+        return text or "another process (which has not yet written its host and pid)"
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Give the folder up (the file stays; closing the descriptor drops the lock)."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def __del__(self):  # a run dropped without `close` (an error before its loop began) frees the folder
+        self.release()
+
+
+# keys a resume may change without a word: where the run folder is (a moved or copied run), and how the run
+# is logged, saved, resumed and guarded, not what it trains
+FREE_KEYS = ("trainer.default_local_dir", "trainer.experiment_name", "trainer.logger", "trainer.resume_mode",
+             "trainer.resume_fallback", "trainer.async_save", "trainer.max_consecutive_skipped_steps")
 # keys a resume may change with one line and a record but without --allow-config-change: extending a run
 ANNOUNCED_KEYS = ("trainer.total_steps",)
 
@@ -138,6 +213,26 @@ def write_config(cfg: Any, path: str) -> None:
     os.replace(tmp, path)
 
 
+def _moved(saved: dict, directory: str) -> dict:
+    """`saved` (a run's config mapping) with the paths inside the folder it was saved in
+    (its synthetic data files) moved under `directory`, where the run is now."""
+    t = saved.get("trainer") or {}
+    was = os.path.join(str(t.get("default_local_dir", "")), str(t.get("experiment_name", "")))
+    if os.path.abspath(was) == os.path.abspath(directory):
+        return saved
+
+    def move(value):
+        if isinstance(value, dict):
+            return {k: move(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [move(v) for v in value]
+        if isinstance(value, str) and value.startswith(was + os.sep):
+            return os.path.join(directory, value[len(was) + 1:])
+        return value
+
+    return move(saved)
+
+
 def resume_changes(directory: str, cfg: Any, allowed: bool) -> dict[str, tuple[Any, Any]] | None:
     """What a resume of the run in `directory` changes: None for a run that starts from
     scratch (`trainer.resume_mode=disable`, or no checkpoint in the folder) or resumes
@@ -158,7 +253,8 @@ def resume_changes(directory: str, cfg: Any, allowed: bool) -> dict[str, tuple[A
             raise ConfigChangeError(f"{path}: the run's saved config does not load ({e}); --allow-config-change "
                                     "resumes with the requested one (the saved file is kept)") from None
         saved = saved_config(directory)
-    changes = {k: v for k, v in config_changes(saved, config_to_dict(cfg)).items() if k not in FREE_KEYS}
+    changes = {k: v for k, v in config_changes(_moved(saved, directory), config_to_dict(cfg)).items()
+               if k not in FREE_KEYS}
     if not changes:
         return None
     total = cfg.trainer.total_steps
