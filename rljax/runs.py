@@ -35,6 +35,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import socket
 from typing import Any, Callable, Iterator
 
@@ -340,10 +341,8 @@ class Run:
             return
         path = os.path.join(self.directory, "config.yaml")
         kept = os.path.join(self.directory, f"config.step-{step}.yaml")
-        if os.path.exists(kept):
-            os.remove(path)
-        else:
-            os.replace(path, kept)
+        if not os.path.exists(kept):
+            shutil.copyfile(path, kept)
         write_config(self._requested, path)
         event = {"step": step, "event": "config_change", "changed": {k: [old, new] for k, (old, new) in changes.items()}}
         with open(os.path.join(self.directory, "metrics.jsonl"), "a") as f:
