@@ -9,7 +9,9 @@ whose defaults are the algorithm's preset, `rljax.rl.presets`: `ppo` sets
 lists them.
 
 The whole config is checked before anything is built (`rljax.config.validate`, with the
-device count): a mistake is one line naming the key, within seconds.
+device count): a mistake is one line naming the key, within seconds. Run again, the
+command resumes the run; a config other than the saved one is refused, naming each
+changed key, unless `--allow-config-change` (`rljax.runs.resume_changes`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("config", help="YAML config file (see configs/)")
     parser.add_argument("overrides", nargs="*", default=[],
                         help="dotted overrides, e.g. optim.lr=1e-5 trainer.total_steps=50")
+    parser.add_argument("--allow-config-change", action="store_true",
+                        help="resume a run under a config other than its saved one (the change is recorded: "
+                             "config.step-N.yaml and a config_change event in metrics.jsonl)")
 
 
 def kind_of(path: str, overrides: list[str]) -> str:
@@ -73,6 +78,9 @@ def main(args) -> int:
     import jax
 
     validate(cfg, num_devices=jax.device_count())  # mesh and batch sizes, before anything is built
+    from rljax.runs import config_change_allowed
+
     module, name = TRAINERS[kind]
-    getattr(importlib.import_module(module), name)(cfg)
+    with config_change_allowed(args.allow_config_change):
+        getattr(importlib.import_module(module), name)(cfg)
     return 0

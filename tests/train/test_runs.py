@@ -1,9 +1,17 @@
 """The run scaffold (`rljax.runs`): the run-kind rule every command uses
 (`rljax.commands.run_kinds`) and the loaders' refusal of a run of the other kind, the
-folder a run writes before any training, resume / save / close, and the decoder's one
-log-prob entry point (`Decoder.token_log_probs`) against the pure chunked math it calls."""
+folder a run writes before any training, one owner per run folder (`RunLock`),
+resume / save / close, a resume under a changed config (refused, or allowed and
+recorded), and the decoder's one log-prob entry point (`Decoder.token_log_probs`)
+against the pure chunked math it calls."""
 
+import json
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +24,7 @@ from rljax.checkpoint import abstract_like
 from rljax.config import ConfigError, load_config
 from rljax.models import ModelConfig, init_model
 from rljax.commands.run_kinds import RUN_CONFIGS, checkpoint_kind, run_kind
-from rljax.runs import Run, saved_config
+from rljax.runs import ConfigChangeError, Run, RunLock, RunLockedError, config_changes, saved_config
 from rljax.train.run_config import RunConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -127,6 +135,226 @@ def test_resume_restores_state_data_and_meta_and_close_runs_every_closer(tmp_pat
         again.close(None, 4)
     with open(os.path.join(tmp_path, "sft_tiny", "config.yaml")) as f:
         assert yaml.safe_load(f)["trainer"]["total_steps"] == 10
+
+
+# ---- one owner per run folder ----------------------------------------------------------------
+
+
+def test_a_second_owner_of_a_run_folder_fails_at_once_naming_the_first_until_it_closes(tmp_path):
+    run = Run(_tiny_cfg(tmp_path))
+    try:
+        started = time.monotonic()
+        with pytest.raises(RunLockedError) as raised:
+            Run(_tiny_cfg(tmp_path))
+        assert time.monotonic() - started < 5
+        message = str(raised.value)
+        assert "\n" not in message
+        assert message.startswith(os.path.join(str(tmp_path), "sft_tiny") + ": the run folder is in use by ")
+        assert f"host {socket.gethostname()}, pid {os.getpid()}, since 20" in message
+    finally:
+        run.close(None, 0)
+    Run(_tiny_cfg(tmp_path)).close(None, 0)  # released at a normal close
+
+
+def test_run_lock_is_per_open_file_and_released_by_release(tmp_path):
+    first = RunLock(str(tmp_path))
+    with pytest.raises(RunLockedError, match=f"pid {os.getpid()}"):
+        RunLock(str(tmp_path))
+    first.release()
+    RunLock(str(tmp_path)).release()
+
+
+_HOLD = """
+import sys, time
+from rljax.config import load_config
+from rljax.runs import Run
+from rljax.train.run_config import RunConfig
+run = Run(load_config(RunConfig, sys.argv[1], sys.argv[2:]))
+print("owner", flush=True)
+time.sleep(600)
+"""
+
+
+def _env():
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+
+
+@pytest.mark.slow
+def test_two_processes_on_one_run_folder_the_second_exits_at_once_and_kill_9_frees_it(tmp_path):
+    overrides = [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[jsonl]", "trainer.total_steps=2"]
+    owner = subprocess.Popen([sys.executable, "-c", _HOLD, SFT, *overrides], cwd=ROOT, env=_env(),
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().strip() == "owner"
+        second = subprocess.run([sys.executable, "-m", "rljax.cli", "train", SFT, *overrides], cwd=ROOT,
+                                env=_env(), capture_output=True, text=True, timeout=300)
+        assert second.returncode != 0
+        lines = second.stderr.strip().splitlines()
+        assert lines[0].startswith(f"rljax: error: {tmp_path}/sft_tiny: the run folder is in use by "
+                                   f"host {socket.gethostname()}, pid {owner.pid}, since 20"), second.stderr
+        assert "Traceback" not in second.stderr
+        assert not os.path.exists(os.path.join(tmp_path, "sft_tiny", "checkpoints", "1"))
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    # the owner died without closing anything: the next run owns the folder and trains
+    after = subprocess.run([sys.executable, "-m", "rljax.cli", "train", SFT, *overrides], cwd=ROOT, env=_env(),
+                           capture_output=True, text=True, timeout=600)
+    assert after.returncode == 0, after.stderr
+    assert os.path.isdir(os.path.join(tmp_path, "sft_tiny", "checkpoints", "2"))
+
+
+# ---- a resume under a changed config ----------------------------------------------------------
+
+
+def _saved_at(tmp_path, step, *overrides):
+    """A run of `_tiny_cfg(*overrides)` with a checkpoint at `step`, closed."""
+    run = Run(_tiny_cfg(tmp_path, *overrides))
+    run.save(step, {"w": jnp.arange(4.0)}, {"position": step})
+    run.close(None, step)
+
+
+def _resume(tmp_path, *overrides, allow=None):
+    run = Run(_tiny_cfg(tmp_path, *overrides), allow_config_change=allow)
+    try:
+        return run.resume(abstract_like({"w": jnp.arange(4.0)}), _Data())
+    finally:
+        run.close(None, 0)
+
+
+def _run_file(tmp_path, name):
+    return os.path.join(tmp_path, "sft_tiny", name)
+
+
+def _events(tmp_path):
+    path = _run_file(tmp_path, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [line for line in map(json.loads, f) if "event" in line]
+
+
+def test_config_changes_lists_each_differing_leaf_old_and_new():
+    old = {"optim": {"lr": 0.003, "betas": [0.9, 0.95]}, "trainer": {"total_steps": 10, "seed": 1}}
+    new = {"optim": {"lr": 0.001, "betas": (0.9, 0.95)}, "trainer": {"total_steps": 20, "seed": 1}, "x": {"y": 2}}
+    assert config_changes(old, new) == {"optim.lr": (0.003, 0.001), "trainer.total_steps": (10, 20), "x.y": (None, 2)}
+
+
+def test_a_resume_with_the_same_config_resumes_and_keeps_config_yaml(tmp_path):
+    _saved_at(tmp_path, 4)
+    # trainer.logger is how the run is logged, not what it trains: free to differ
+    assert _resume(tmp_path, "trainer.logger=[console]").step == 4
+    assert not [n for n in os.listdir(_run_file(tmp_path, "")) if n.startswith("config.step-")]
+    assert saved_config(_run_file(tmp_path, ""))["optim"]["lr"] == 3.0e-3
+    assert _events(tmp_path) == []
+
+
+def test_a_run_folder_moved_elsewhere_resumes_with_its_own_data_files(tmp_path):
+    import shutil
+
+    _saved_at(tmp_path / "old", 4)
+    shutil.copytree(tmp_path / "old" / "sft_tiny", tmp_path / "sft_tiny")
+    assert _resume(tmp_path).step == 4
+    assert saved_config(_run_file(tmp_path, ""))["data"]["train_files"][0].startswith(_run_file(tmp_path, "data"))
+    with pytest.raises(ConfigChangeError, match=r"resuming at step 4 with a config other than the run's: "
+                                                r"data\.train_files: \[\S+/sft_tiny/data/\S+\] -> \[\"/elsewhere"):
+        _resume(tmp_path, 'data.train_files=["/elsewhere/train.jsonl"]')
+
+
+def test_a_resume_with_changed_keys_is_refused_naming_each_and_config_yaml_stays(tmp_path):
+    _saved_at(tmp_path, 4)
+    with open(_run_file(tmp_path, "config.yaml")) as f:
+        before = f.read()
+    with pytest.raises(ConfigChangeError) as raised:
+        _resume(tmp_path, "optim.lr=1.0e-3", "trainer.seed=7")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "resuming at step 4 with a config other than the run's: " in message
+    assert "optim.lr: 0.003 -> 0.001" in message and "trainer.seed: 0 -> 7" in message
+    assert "--allow-config-change" in message
+    with open(_run_file(tmp_path, "config.yaml")) as f:
+        assert f.read() == before
+    assert _events(tmp_path) == []
+    # the folder is free again after the refusal
+    assert _resume(tmp_path).step == 4
+
+
+def test_an_allowed_change_is_recorded_at_the_step_resumed_from(tmp_path):
+    _saved_at(tmp_path, 4)
+    assert _resume(tmp_path, "optim.lr=1.0e-3", allow=True).step == 4
+    kept = yaml.safe_load(open(_run_file(tmp_path, "config.step-4.yaml")))
+    assert kept["optim"]["lr"] == 3.0e-3
+    assert saved_config(_run_file(tmp_path, ""))["optim"]["lr"] == 1.0e-3
+    assert _events(tmp_path) == [{"step": 4, "event": "config_change", "changed": {"optim.lr": [0.003, 0.001]}}]
+    # the same config again: a plain resume
+    assert _resume(tmp_path, "optim.lr=1.0e-3").step == 4
+    assert len(_events(tmp_path)) == 1
+
+
+def test_raising_total_steps_extends_the_run_announced_and_recorded(tmp_path, capsys):
+    _saved_at(tmp_path, 10)
+    assert _resume(tmp_path, "trainer.total_steps=20").step == 10
+    out = capsys.readouterr().out
+    assert "config changed at step 10: trainer.total_steps: 10 -> 20" in out
+    assert yaml.safe_load(open(_run_file(tmp_path, "config.step-10.yaml")))["trainer"]["total_steps"] == 10
+    assert saved_config(_run_file(tmp_path, ""))["trainer"]["total_steps"] == 20
+    assert _events(tmp_path)[0]["changed"] == {"trainer.total_steps": [10, 20]}
+    # with another change as well, the flag is needed
+    with pytest.raises(ConfigChangeError, match=r"optim\.lr: 0\.003 -> 0\.001"):
+        _resume(tmp_path, "trainer.total_steps=30", "optim.lr=1.0e-3")
+
+
+def test_total_steps_below_the_latest_checkpoint_is_refused(tmp_path):
+    _saved_at(tmp_path, 8)
+    with pytest.raises(ConfigError, match=r"trainer\.total_steps=5: the run in .* has a checkpoint at step 8"):
+        _resume(tmp_path, "trainer.total_steps=5")
+
+
+def test_a_finished_run_says_so(tmp_path, capsys):
+    _saved_at(tmp_path, 10)
+    capsys.readouterr()
+    assert _resume(tmp_path).step == 10
+    assert "finished at step 10" in capsys.readouterr().out
+
+
+def test_no_comparison_without_a_checkpoint_or_with_resume_disabled(tmp_path):
+    Run(_tiny_cfg(tmp_path)).close(None, 0)  # folder and config.yaml, no checkpoint: a new run
+    assert _resume(tmp_path, "optim.lr=1.0e-3") is None
+    assert saved_config(_run_file(tmp_path, ""))["optim"]["lr"] == 1.0e-3
+    _saved_at(tmp_path, 4, "optim.lr=1.0e-3")
+    assert _resume(tmp_path, "optim.lr=2.0e-3", "trainer.resume_mode=disable") is None  # starts over
+    assert saved_config(_run_file(tmp_path, ""))["optim"]["lr"] == 2.0e-3
+
+
+@pytest.mark.slow
+def test_rljax_train_again_finished_refused_or_allowed_and_recorded(tmp_path):
+    overrides = [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[jsonl]", "trainer.total_steps=2",
+                 "trainer.test_freq=0", "data.val_files=[]"]
+
+    def train(*more):
+        return subprocess.run([sys.executable, "-m", "rljax.cli", "train", SFT, *overrides, *more], cwd=ROOT,
+                              env=_env(), capture_output=True, text=True, timeout=600)
+
+    assert train().returncode == 0
+    with open(_run_file(tmp_path, "config.yaml")) as f:
+        saved = f.read()
+    again = train()
+    assert again.returncode == 0, again.stderr
+    assert "finished at step 2" in again.stdout
+    refused = train("optim.lr=1.0e-3")
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[0].startswith(f"rljax: error: {tmp_path}/sft_tiny: resuming at step 2 with "
+                                                     "a config other than the run's: optim.lr: 0.003 -> 0.001.")
+    with open(_run_file(tmp_path, "config.yaml")) as f:
+        assert f.read() == saved
+    allowed = train("optim.lr=1.0e-3", "trainer.total_steps=3", "--allow-config-change")
+    assert allowed.returncode == 0, allowed.stderr
+    assert os.path.isdir(_run_file(tmp_path, "checkpoints/3"))
+    with open(_run_file(tmp_path, "config.step-2.yaml")) as f:
+        assert f.read() == saved
+    assert saved_config(_run_file(tmp_path, ""))["optim"]["lr"] == 1.0e-3
+    assert _events(tmp_path) == [{"step": 2, "event": "config_change",
+                                  "changed": {"optim.lr": [0.003, 0.001], "trainer.total_steps": [2, 3]}}]
 
 
 @pytest.mark.slow
