@@ -14,8 +14,9 @@ Failures name the checkpoint, in one line (`CheckpointError`):
   start;
 * every step directory gets a manifest, `checksums.json` (size and blake2b digest of each
   of its files), once orbax has finished the step (a synchronous save: at once; an
-  asynchronous one: when the next save starts or the run waits for it); it is written
-  last, atomically, by process 0. `verify_step` compares a step with its manifest: a
+  asynchronous one: from a thread, as soon as orbax renames the step's directory into
+  place); it is written last, atomically, by process 0; `wait` and the next save wait
+  for it. `verify_step` compares a step with its manifest: a
   changed, truncated or missing file makes the step damaged; a step without a manifest
   (written by an older rljax, or killed between orbax's finish and the manifest) is
   unverified: used, with one warning line;
@@ -40,6 +41,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -252,6 +254,8 @@ class Checkpointer:
         self.async_save = async_save
         self._pending: int | None = None  # step of the last save, until it is known complete and sealed
         self._failed = False
+        self._sealer: tuple[threading.Thread, threading.Event] | None = None  # writes the pending manifest
+        self._seal_error: CheckpointError | None = None
 
     def path(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
@@ -261,6 +265,10 @@ class Checkpointer:
         if self._pending is not None and not os.path.isdir(self.path(self._pending)):
             step = self._pending  # an asynchronous save that failed in the background
         self._failed, self._pending = True, None
+        try:
+            self._join_sealer()
+        except CheckpointError:
+            pass
         earlier = [s for s in finalized_steps(self.directory) if step is None or s < step]
         cause = _cause(error)
         kept = (f"the previous checkpoint, {self.path(earlier[-1])}, is intact" if earlier
@@ -283,6 +291,42 @@ class Checkpointer:
                                   f"({_cause(e)}): it resumes unverified; fix the cause and rerun the same "
                                   "command") from e
 
+    def _start_sealer(self, step: int) -> None:
+        """Process 0, asynchronous save: a thread that writes the manifest of `step` as soon
+        as orbax has renamed its directory into place (its files are final then), so a run
+        killed later resumes from a verified step. `_join_sealer` ends it."""
+        if not is_coordinator():
+            return
+        done = threading.Event()  # set once orbax has finished (or failed) the save
+
+        def run():
+            while True:
+                if os.path.isdir(self.path(step)):
+                    try:
+                        self._seal(step)
+                    except CheckpointError as e:
+                        self._seal_error = e
+                    return
+                if done.wait(0.2):
+                    if os.path.isdir(self.path(step)):
+                        continue  # finished between the two checks
+                    return
+
+        self._sealer = (threading.Thread(target=run, name=f"rljax-seal-{step}", daemon=True), done)
+        self._sealer[0].start()
+
+    def _join_sealer(self) -> None:
+        """Wait for the manifest thread (orbax's save has ended); raise its error."""
+        if self._sealer is None:
+            return
+        thread, done = self._sealer
+        done.set()
+        thread.join()
+        self._sealer = None
+        error, self._seal_error = self._seal_error, None
+        if error is not None:
+            raise error
+
     def save(self, step: int, state, data_state: dict, meta: dict) -> None:
         if self._pending is not None and not self._failed:
             self.wait()  # the previous asynchronous save: finished and sealed first
@@ -300,7 +344,9 @@ class Checkpointer:
         if saved is False:
             return
         self._pending = step
-        if not self.async_save:  # finished already
+        if self.async_save:
+            self._start_sealer(step)
+        else:  # finished already
             self._pending = None
             self._seal(step)
 
@@ -331,8 +377,8 @@ class Checkpointer:
             self._manager.wait_until_finished()
         except Exception as e:
             raise self._save_error(None, e) from e
-        pending, self._pending = self._pending, None
-        self._seal(pending)
+        self._pending = None
+        self._join_sealer()
 
     def close(self) -> None:
         """Finish the save in flight and release orbax. A Ctrl-C while waiting abandons

@@ -187,3 +187,18 @@ def test_the_nonfinite_stop_names_the_newest_verified_step_as_last_good(tmp_path
     with pytest.raises(NonFiniteError) as info:
         guard.check_params(3, {"w": jnp.array([jnp.nan])}, "not saved")
     assert str(info.value).endswith(f"no checkpoint in {directory} verifies against its checksums")
+
+
+def test_an_asynchronous_save_is_sealed_without_waiting_for_the_next_save(tmp_path):
+    """A run killed after an asynchronous save finished (but before its next save or its
+    end) resumes from a verified step: the manifest appears while training goes on."""
+    import time
+
+    ckpt = Checkpointer(tmp_path / "ckpt", async_save=True)
+    ckpt.save(1, saved_state(1), {"position": 1}, {"step": 1})
+    manifest = os.path.join(ckpt.path(1), "checksums.json")
+    deadline = time.time() + 60
+    while not os.path.exists(manifest) and time.time() < deadline:
+        time.sleep(0.1)
+    assert os.path.exists(manifest)
+    ckpt.close()
