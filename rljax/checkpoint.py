@@ -232,15 +232,11 @@ def verify_step(directory: str, step: int) -> None:
         if is_coordinator():
             print(_unverified_note(path), file=sys.stderr, flush=True)
     elif verdict[0] != INTACT:
-        good = [s for s in verified_steps(directory) if s != step]
-        other = (f"the newest intact one is {os.path.join(directory, str(good[-1]))} (--step {good[-1]})" if good
+        good = next((s for s in reversed(finalized_steps(directory))
+                     if s != step and check_step(os.path.join(directory, str(s)))[0] == INTACT), None)
+        other = (f"the newest intact one is {os.path.join(directory, str(good))} (--step {good})" if good is not None
                  else "no other checkpoint there verifies")
         raise CheckpointError(f"checkpoint {path} is damaged ({describe_check(path, verdict)}); {other}")
-
-
-def verified_steps(directory: str) -> list[int]:
-    """Finished steps whose files all match their manifest (this process's own reading)."""
-    return [s for s in finalized_steps(directory) if check_step(os.path.join(directory, str(s)))[0] == INTACT]
 
 
 class Checkpointer:
