@@ -12,9 +12,18 @@ Failures name the checkpoint, in one line (`CheckpointError`):
   next save or when the run ends), saying which step was lost and that the previous one
   is intact; its partial `<step>.orbax-checkpoint-tmp*` directory is removed at the next
   start;
-* `resume` restores the newest checkpoint that reads back; a damaged one (a missing or
-  truncated file) is named, set aside as `<step>.damaged` and the previous one used
-  (`trainer.resume_fallback`), or the run stops with that line;
+* every step directory gets a manifest, `checksums.json` (size and blake2b digest of each
+  of its files), once orbax has finished the step (a synchronous save: at once; an
+  asynchronous one: from a thread, as soon as orbax renames the step's directory into
+  place); it is written last, atomically, by process 0; `wait` and the next save wait
+  for it. `verify_step` compares a step with its manifest: a
+  changed, truncated or missing file makes the step damaged; a step without a manifest
+  (written by an older rljax, or killed between orbax's finish and the manifest) is
+  unverified: used, with one warning line;
+* `resume` restores the newest checkpoint that verifies and reads back; a damaged one
+  (a file that differs from its checksum, a missing or truncated file) is named, set
+  aside as `<step>.damaged` and the previous one used (`trainer.resume_fallback`), or the
+  run stops with that line; process 0 verifies and every process follows its verdict;
 * `close_after` ends a run that stopped on an exception or Ctrl-C: the save in flight
   is finished (a second Ctrl-C abandons it) and one line says which checkpoint a rerun
   resumes from.
@@ -25,16 +34,19 @@ messages stay and the tracebacks go (the `CheckpointError` carries the cause).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
 import shutil
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
@@ -97,6 +109,136 @@ def finalized_steps(directory: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
 
 
+MANIFEST = "checksums.json"
+_CHUNK = 1 << 22
+
+
+def _digest(path: str) -> str:
+    """blake2b (32-byte digest) of a file's bytes, hex."""
+    h = hashlib.blake2b(digest_size=32)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _step_files(step_dir: str) -> list[str]:
+    """Every file under a step directory but the manifest, as sorted relative paths."""
+    found = []
+    for root, _, names in os.walk(step_dir):
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), step_dir)
+            if rel != MANIFEST and not rel.startswith(MANIFEST + "."):
+                found.append(rel)
+    return sorted(found)
+
+
+def write_manifest(step_dir: str) -> None:
+    """Write `<step_dir>/checksums.json`: {"files": {relative path: {"size", "blake2b"}}},
+    through a temporary file renamed into place (its presence means complete) and synced."""
+    files = {rel: {"size": os.path.getsize(os.path.join(step_dir, rel)),
+                   "blake2b": _digest(os.path.join(step_dir, rel))} for rel in _step_files(step_dir)}
+    tmp = os.path.join(step_dir, f"{MANIFEST}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump({"hash": "blake2b-256", "files": files}, f, indent=0, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(step_dir, MANIFEST))
+    fd = os.open(step_dir, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# verdicts of `check_step`: (kind, index of the first bad file in the manifest's sorted list)
+INTACT, UNVERIFIED, BAD_MANIFEST, MISSING, SIZE, CHANGED = range(6)
+
+
+def _manifest_files(step_dir: str) -> dict:
+    with open(os.path.join(step_dir, MANIFEST)) as f:
+        files = json.load(f)["files"]
+    if not isinstance(files, dict):
+        raise ValueError("files is not a mapping")
+    return files
+
+
+def check_step(step_dir: str) -> tuple[int, int]:
+    """(verdict, index of the first bad file in the manifest's sorted file list, else -1):
+    every file the manifest lists must exist with its size and digest."""
+    if not os.path.exists(os.path.join(step_dir, MANIFEST)):
+        return UNVERIFIED, -1
+    try:
+        files = _manifest_files(step_dir)
+    except (OSError, ValueError, KeyError, TypeError):
+        return BAD_MANIFEST, -1
+    for i, rel in enumerate(sorted(files)):
+        path = os.path.join(step_dir, rel)
+        try:
+            if not os.path.isfile(path):
+                return MISSING, i
+            if os.path.getsize(path) != files[rel]["size"]:
+                return SIZE, i
+            if _digest(path) != files[rel]["blake2b"]:
+                return CHANGED, i
+        except (OSError, KeyError, TypeError):
+            return BAD_MANIFEST, -1
+    return INTACT, -1
+
+
+def describe_check(step_dir: str, verdict: tuple[int, int]) -> str:
+    """What `check_step`'s verdict says, e.g. `state/d/1a2b differs from its checksum`."""
+    kind, index = verdict
+    if kind == UNVERIFIED:
+        return f"no {MANIFEST}"
+    if kind == BAD_MANIFEST:
+        return f"{MANIFEST} unreadable or not matching its files"
+    try:
+        files = _manifest_files(step_dir)
+        rel = sorted(files)[index]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return f"{MANIFEST} unreadable"
+    if kind == MISSING:
+        return f"{rel} missing"
+    if kind == SIZE:
+        size = os.path.getsize(os.path.join(step_dir, rel)) if os.path.exists(os.path.join(step_dir, rel)) else 0
+        return f"{rel} is {size} bytes, {files[rel]['size']} when saved"
+    return f"{rel} differs from its checksum"
+
+
+def agreed_check(step_dir: str) -> tuple[int, int]:
+    """`check_step` on process 0, the same verdict on every process (broadcast), so every
+    process restores the same step."""
+    verdict = check_step(step_dir) if is_coordinator() else (INTACT, -1)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        verdict = tuple(int(v) for v in multihost_utils.broadcast_one_to_all(np.asarray(verdict, np.int32)))
+    return verdict
+
+
+def _unverified_note(path: str) -> str:
+    return (f"warning: checkpoint {path} has no {MANIFEST} (written by an older rljax, or stopped before it was "
+            "sealed): it is used unverified")
+
+
+def verify_step(directory: str, step: int) -> None:
+    """Before reading checkpoint `step` of `directory` outside a resume (`rljax export`,
+    `rljax eval`): a CheckpointError in one line naming it and its first bad file if it is
+    damaged; one warning line (process 0) if it has no manifest."""
+    path = os.path.join(directory, str(step))
+    verdict = agreed_check(path)
+    if verdict[0] == UNVERIFIED:
+        if is_coordinator():
+            print(_unverified_note(path), file=sys.stderr, flush=True)
+    elif verdict[0] != INTACT:
+        good = next((s for s in reversed(finalized_steps(directory))
+                     if s != step and check_step(os.path.join(directory, str(s)))[0] == INTACT), None)
+        other = (f"the newest intact one is {os.path.join(directory, str(good))} (--step {good})" if good is not None
+                 else "no other checkpoint there verifies")
+        raise CheckpointError(f"checkpoint {path} is damaged ({describe_check(path, verdict)}); {other}")
+
+
 class Checkpointer:
     def __init__(self, directory: str, max_to_keep: int | None = 3, async_save: bool = True):
         self.directory = os.path.abspath(directory)
@@ -105,8 +247,11 @@ class Checkpointer:
         )
         _quiet_orbax_tracebacks()
         self._manager = ocp.CheckpointManager(self.directory, options=options)
-        self._pending: int | None = None  # step of the last save, until it is known complete
+        self.async_save = async_save
+        self._pending: int | None = None  # step of the last save, until it is known complete and sealed
         self._failed = False
+        self._sealer: tuple[threading.Thread, threading.Event] | None = None  # writes the pending manifest
+        self._seal_error: CheckpointError | None = None
 
     def path(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
@@ -116,6 +261,10 @@ class Checkpointer:
         if self._pending is not None and not os.path.isdir(self.path(self._pending)):
             step = self._pending  # an asynchronous save that failed in the background
         self._failed, self._pending = True, None
+        try:
+            self._join_sealer()
+        except CheckpointError:
+            pass
         earlier = [s for s in finalized_steps(self.directory) if step is None or s < step]
         cause = _cause(error)
         kept = (f"the previous checkpoint, {self.path(earlier[-1])}, is intact" if earlier
@@ -124,9 +273,61 @@ class Checkpointer:
         return CheckpointError(f"checkpoint {step} could not be written to {self.directory} ({cause}); {kept}: "
                                f"{fix} and rerun the same command to resume")
 
-    def save(self, step: int, state, data_state: dict, meta: dict) -> None:
+    def _seal(self, step: int | None) -> None:
+        """Write the manifest of finished step `step` (process 0; nothing if orbax did not
+        save it or removed it)."""
+        if step is None or not is_coordinator() or not os.path.isdir(self.path(step)):
+            return
         try:
-            self._manager.save(
+            write_manifest(self.path(step))
+        except FileNotFoundError:
+            pass  # removed meanwhile (max_to_keep)
+        except OSError as e:
+            raise CheckpointError(f"checkpoint {self.path(step)} was written but its {MANIFEST} could not be "
+                                  f"({_cause(e)}): it resumes unverified; fix the cause and rerun the same "
+                                  "command") from e
+
+    def _start_sealer(self, step: int) -> None:
+        """Process 0, asynchronous save: a thread that writes the manifest of `step` as soon
+        as orbax has renamed its directory into place (its files are final then), so a run
+        killed later resumes from a verified step. `_join_sealer` ends it."""
+        if not is_coordinator():
+            return
+        done = threading.Event()  # set once orbax has finished (or failed) the save
+
+        def run():
+            while True:
+                if os.path.isdir(self.path(step)):
+                    try:
+                        self._seal(step)
+                    except CheckpointError as e:
+                        self._seal_error = e
+                    return
+                if done.wait(0.2):
+                    if os.path.isdir(self.path(step)):
+                        continue  # finished between the two checks
+                    return
+
+        self._sealer = (threading.Thread(target=run, name=f"rljax-seal-{step}", daemon=True), done)
+        self._sealer[0].start()
+
+    def _join_sealer(self) -> None:
+        """Wait for the manifest thread (orbax's save has ended); raise its error."""
+        if self._sealer is None:
+            return
+        thread, done = self._sealer
+        done.set()
+        thread.join()
+        self._sealer = None
+        error, self._seal_error = self._seal_error, None
+        if error is not None:
+            raise error
+
+    def save(self, step: int, state, data_state: dict, meta: dict) -> None:
+        if self._pending is not None and not self._failed:
+            self.wait()  # the previous asynchronous save: finished and sealed first
+        try:
+            saved = self._manager.save(
                 step,
                 args=ocp.args.Composite(
                     state=ocp.args.StandardSave(state),
@@ -136,7 +337,14 @@ class Checkpointer:
             )
         except Exception as e:
             raise self._save_error(step, e) from e
+        if saved is False:
+            return
         self._pending = step
+        if self.async_save:
+            self._start_sealer(step)
+        else:  # finished already
+            self._pending = None
+            self._seal(step)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -166,6 +374,7 @@ class Checkpointer:
         except Exception as e:
             raise self._save_error(None, e) from e
         self._pending = None
+        self._join_sealer()
 
     def close(self) -> None:
         """Finish the save in flight and release orbax. A Ctrl-C while waiting abandons
@@ -300,6 +509,10 @@ class Resumed:
         return os.path.join(self.directory, str(self.step))
 
 
+class _Unverifiable(Exception):
+    """A step whose files do not match its manifest (the message says which)."""
+
+
 _DAMAGE_MARKS = ("OUT_OF_RANGE", "DATA_LOSS", "NOT_FOUND", "Unexpected end", "truncated", "corrupt", "No such file")
 
 
@@ -372,8 +585,11 @@ def resume(mode: str, own: Checkpointer, abstract_state, fallback: bool = True) 
     """Restore where `trainer.resume_mode` says a run starts from (see `resume_source`);
     None to start from scratch. Both kinds of run (supervised, RL) resume through here.
 
-    The newest checkpoint that reads back wins. One that does not (a missing or
-    truncated file, missing metadata) is named in one line; with `fallback`
+    The newest checkpoint that verifies against its manifest (`check_step`, decided on
+    process 0 for every process) and reads back wins; one without a manifest is used
+    with a warning line. One that does not (a file that differs from its checksum, a
+    missing or truncated file, missing metadata) is named in one line with its first bad
+    file; with `fallback`
     (trainer.resume_fallback) the earlier ones are tried and, once one restores, the
     newer ones are set aside as `<step>.damaged` in the run's own directory (so the run
     can write those steps again). Without `fallback`, when the path names one step, or
@@ -397,12 +613,15 @@ def resume(mode: str, own: Checkpointer, abstract_state, fallback: bool = True) 
     failed: list[tuple[int, tuple[str, bool]]] = []  # newer checkpoints that did not restore
     try:
         for step in steps:
+            verdict = agreed_check(source.path(step))
             try:
+                if verdict[0] not in (INTACT, UNVERIFIED):
+                    raise _Unverifiable(describe_check(source.path(step), verdict))
                 state, data_state, meta = source.restore(step, abstract_state)
                 if not isinstance(meta, dict) or meta.get("step", step) != step or not isinstance(data_state, dict):
                     raise ValueError(f"meta/metadata does not describe step {step}")
             except Exception as e:
-                failed.append((step, _damage(source.path(step), e)))
+                failed.append((step, (str(e), True) if isinstance(e, _Unverifiable) else _damage(source.path(step), e)))
                 first = _describe(source.path(step), failed[-1][1])
                 if named:
                     raise CheckpointError(f"{first}; trainer.resume_mode names this checkpoint: name another step "
@@ -414,6 +633,8 @@ def resume(mode: str, own: Checkpointer, abstract_state, fallback: bool = True) 
                     raise CheckpointError(f"{first}; trainer.resume_fallback=false: {instead}") from None
                 continue
             _report_fallback(source, own, failed, step)
+            if verdict[0] == UNVERIFIED and is_coordinator():
+                print(_unverified_note(source.path(step)), file=sys.stderr, flush=True)
             return Resumed(state, data_state, meta, source.directory, step)
         latest = _describe(source.path(failed[0][0]), failed[0][1])
         if len(failed) == 1:

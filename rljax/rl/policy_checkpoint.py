@@ -12,7 +12,7 @@ import os
 import jax
 from flax import nnx
 
-from rljax.checkpoint import Checkpointer, resolve_checkpoint, restore_params
+from rljax.checkpoint import Checkpointer, resolve_checkpoint, restore_params, verify_step
 from rljax.config import from_dict
 from rljax.train.export import save_trained
 from rljax.parallel import make_mesh, state_shardings
@@ -37,6 +37,7 @@ def load_policy(cfg: RLConfig, checkpoint: str, mesh, step: int | None = None):
         checkpointer.close()
     if step is None:
         raise FileNotFoundError(f"{directory}: no checkpoint")
+    verify_step(directory, step)
     tokenizer_dir = os.path.join(run_dir, "tokenizer")
     section = dataclasses.replace(cfg.model, tokenizer=tokenizer_dir) if os.path.isdir(tokenizer_dir) else cfg.model
     tokenizer = load_tokenizer(section)

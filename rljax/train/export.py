@@ -22,7 +22,7 @@ import os
 import jax
 from flax import nnx
 
-from rljax.checkpoint import Checkpointer, resolve_checkpoint
+from rljax.checkpoint import Checkpointer, resolve_checkpoint, verify_step
 from rljax.config import from_dict
 from rljax.distributed import is_coordinator
 from rljax.models import save_hf
@@ -75,6 +75,7 @@ def export_checkpoint(path: str, out: str, step: int | None = None, dtype: str |
     step = step if step is not None else (found_step if found_step is not None else checkpointer.latest_step())
     if step is None:
         raise FileNotFoundError(f"{directory}: no checkpoint")
+    verify_step(directory, step)
     mesh = make_mesh(cfg.mesh)
     if cfg.model.lora.enabled:  # the base weights are not in the checkpoint: rebuild them
         with jax.set_mesh(mesh):

@@ -2,7 +2,7 @@
 update on device (`train/skipped_steps` counts them, the weights stay), and `SkipGuard`
 stops the run once too many in a row were skipped, or once the weights themselves became
 non-finite. Shared by the supervised and the RL loop; the error names what to try and the
-last good checkpoint.
+last good checkpoint: the newest one whose files match their checksums.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rljax.checkpoint import Checkpointer, RunError, finalized_steps
+from rljax.checkpoint import INTACT, Checkpointer, RunError, check_step, finalized_steps
 
 
 class NonFiniteError(RunError):
@@ -48,7 +48,10 @@ class SkipGuard:
         except RunError:
             pass
         done = finalized_steps(self.checkpointer.directory)
-        return (f"the last good checkpoint is {self.checkpointer.path(done[-1])}" if done
+        for step in reversed(done):  # newest first: verified against its checksums
+            if check_step(self.checkpointer.path(step))[0] == INTACT:
+                return f"the last good checkpoint is {self.checkpointer.path(step)}"
+        return (f"no checkpoint in {self.checkpointer.directory} verifies against its checksums" if done
                 else "no checkpoint was written")
 
     def count(self, step: int, skipped: int, attempted: int = 1, metrics: dict | None = None) -> None:
