@@ -15,6 +15,7 @@ import textwrap
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 from safetensors.numpy import load_file
