@@ -137,7 +137,7 @@ def test_lora_grpo_on_rollout_replicas_equals_the_mesh_sampler_and_hands_off_onl
         finally:
             trainer.close()
     (batch_a, metrics_a), (batch_b, metrics_b) = out["mesh"], out["replicas"]
-    np.testing.assert_array_equal(batch_a["input_ids"], batch_b["input_ids"])
+    np.testing.assert_array_equal(batch_a.input_ids, batch_b.input_ids)
     skip = ("timing", "perf/", "throughput", "memory/")
     for a, b in zip(metrics_a, metrics_b):
         keys = sorted(k for k in a if not any(s in k for s in skip))

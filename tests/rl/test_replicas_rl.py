@@ -92,9 +92,9 @@ def test_grpo_step_on_replicas_equals_the_training_mesh_sampler(tmp_path):
         finally:
             trainer.close()
     (batch_a, metrics_a), (batch_b, metrics_b) = out["mesh"], out["replicas"]
-    np.testing.assert_array_equal(batch_a["input_ids"], batch_b["input_ids"])
-    np.testing.assert_allclose(batch_a["token_level_scores"], batch_b["token_level_scores"])
-    np.testing.assert_allclose(batch_a["rollout_log_probs"], batch_b["rollout_log_probs"], atol=1e-5)
+    np.testing.assert_array_equal(batch_a.input_ids, batch_b.input_ids)
+    np.testing.assert_allclose(batch_a.token_level_scores, batch_b.token_level_scores)
+    np.testing.assert_allclose(batch_a.rollout_log_probs, batch_b.rollout_log_probs, atol=1e-5)
     for a, b in zip(metrics_a, metrics_b):
         np.testing.assert_allclose(a["actor/pg_loss"], b["actor/pg_loss"], atol=1e-5)
         assert "memory/update_weights_GiB" in b and "memory/update_weights_GiB" not in a
