@@ -45,7 +45,7 @@ def test_export_of_a_damaged_rl_checkpoint(tmp_path, capsys):
     from rljax.rl.config import RLConfig
     from rljax.rl.trainer import RLTrainer
 
-    from rl.test_rl_resume import config_and_overrides
+    from tests.rl.test_rl_resume import config_and_overrides
 
     config, overrides = config_and_overrides(tmp_path, tmp_path / "run")
     cfg = load_config(RLConfig, config, [*overrides, "trainer.total_steps=2", "trainer.save_freq=1"])
