@@ -8,7 +8,7 @@ several processes is computed from data every process holds. Three moves make th
   local share). Two small collectives: the byte lengths, then the padded bytes.
 - `global_array(host, sharding)`: a global `jax.Array` from a numpy array that every
   process holds in full (the RL batch): each process fills only its own shards.
-- `place_batch(batch, mesh)`: such a batch as global arrays split over data x fsdp.
+- `shard_global_batch(batch, mesh)`: such a batch as global arrays split over data x fsdp.
 - `fetch(x)`: the full value of a global array as numpy on every process (log-probs and
   values computed over the global mesh, a parameter being written to a file), without
   touching non-addressable devices. Every process must fetch the same arrays in the same
@@ -52,7 +52,7 @@ def global_array(host: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def place_batch(batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
+def shard_global_batch(batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
     """A batch every process holds in full (`[rows, ...]` numpy arrays), as global arrays
     with rows split over data x fsdp (`rljax.parallel.batch_sharding`)."""
     from rljax.parallel import batch_sharding, check_batch

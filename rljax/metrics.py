@@ -1,4 +1,4 @@
-"""How a step metric combines over parts of a step: rollout rounds (DAPO dynamic
+"""How a step metric combines over parts of a step: rollouts (DAPO dynamic
 sampling), rollout replicas, micro-batches.
 
 A metric is a float under a name; its name says how it reduces. `REDUCTIONS` declares it

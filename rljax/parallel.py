@@ -229,7 +229,7 @@ def agree_lengths(batch: dict, allgather=None) -> dict:
     return out
 
 
-def shard_batch(batch: dict, mesh: Mesh) -> dict:
+def shard_local_batch(batch: dict, mesh: Mesh) -> dict:
     """Assemble a global batch from each process's rows (dict of numpy arrays), split
     over data x fsdp. With one process the local rows are the whole batch; with several,
     their sequence lengths are first made to agree (`agree_lengths`)."""

@@ -134,8 +134,8 @@ def test_sections_are_frozen():
     from rljax.rollout.config import KVCacheConfig
     from rljax.train.objectives import DPOConfig, RMConfig
     from rljax.train.optim import OptimConfig
-    from rljax.train.run_sections import ModelSection, TrainerConfig
+    from rljax.train.run_sections import ModelRunConfig, TrainerConfig
 
-    for cls in (RunConfig, ModelSection, TrainerConfig, DataConfig, OptimConfig, MeshConfig, DPOConfig, RMConfig,
+    for cls in (RunConfig, ModelRunConfig, TrainerConfig, DataConfig, OptimConfig, MeshConfig, DPOConfig, RMConfig,
                 AgentConfig, EnvironmentConfig, SamplerConfig, KVCacheConfig):
         assert cls.__dataclass_params__.frozen, cls.__name__

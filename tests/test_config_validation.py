@@ -271,11 +271,11 @@ def test_agent_config_of_the_rl_loop_accepts_the_typed_section():
 
 
 def test_actor_loss_config_carries_the_policy_loss_knobs():
-    """`ActorConfig.loss_config`: the actor's and actor.policy_loss's knobs as `PolicyLossConfig`."""
-    from rljax.algos.policy_loss import PolicyLossConfig
+    """`ActorConfig.loss_config`: the actor's and actor.policy_loss's knobs as `PolicyLossParams`."""
+    from rljax.algos.policy_loss import PolicyLossParams
 
     cfg = load_config(RLConfig, None, ["actor.clip_ratio_high=0.28", "actor.loss_scale_factor=512",
                                        "actor.policy_loss.clip_cov_ub=4", "actor.policy_loss.ppo_kl_coef=0.5"])
-    assert cfg.actor.loss_config == PolicyLossConfig(clip_ratio_high=0.28, loss_scale_factor=512.0, clip_cov_ub=4.0,
+    assert cfg.actor.loss_config == PolicyLossParams(clip_ratio_high=0.28, loss_scale_factor=512.0, clip_cov_ub=4.0,
                                                      ppo_kl_coef=0.5)
-    assert RLConfig().actor.loss_config == PolicyLossConfig()
+    assert RLConfig().actor.loss_config == PolicyLossParams()

@@ -248,3 +248,17 @@ def test_the_agent_package_names_are_its_modules_own():
     assert set(rljax.agent.__all__) <= set(dir(rljax.agent))
     with pytest.raises(AttributeError, match="has no attribute 'Loop'"):
         rljax.agent.Loop  # noqa: B018
+
+
+def test_the_tool_registry_imports_a_builtin_only_when_it_is_built():
+    code = ("import json, sys; from rljax.agent.tools import load_tools; "
+            "before = sorted(m for m in sys.modules if m.startswith('rljax.agent.tools')); "
+            "tools = load_tools([{'name': 'calculator'}]); "
+            "after = sorted(m for m in sys.modules if m.startswith('rljax.agent.tools')); "
+            "print(json.dumps([before, after, sorted(tools)]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    before, after, names = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "rljax.agent.tools.python_sandbox" not in before and "rljax.agent.tools.calculator" not in before
+    assert "rljax.agent.tools.calculator" in after and "rljax.agent.tools.os_sandbox" not in after
+    assert names == ["calculator"]

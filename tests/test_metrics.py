@@ -1,4 +1,4 @@
-"""Step metrics combine over parts of a step (rounds, replicas) by their declared reduction;
+"""Step metrics combine over parts of a step (rollouts, replicas) by their declared reduction;
 expected values computed by hand."""
 
 import pytest
@@ -7,7 +7,7 @@ from rljax.agent.loop import collect_metrics
 from rljax.agent.trajectory import Trajectory
 from rljax.metrics import declare_reduction, reduce_metrics, reduction_of
 from rljax.rl.batch import Sample
-from rljax.rl.replicated import merge_rollouts
+from rljax.rl.replica_rollout import merge_rollouts
 from rljax.rl.scoring import ScoredRollout
 
 

@@ -2,7 +2,7 @@
 
 - `protocol`: the sampler API the loop calls (`AsyncSampler`, `TurnRequest`, `TurnOutput`).
 - `loop`: the per-episode state machine, `AgentLoop`, `run_episodes`, `collect_metrics`.
-- `chat`: prompt and observation-delta rendering (the boundary convention lives there).
+- `chat_deltas`: prompt and observation-delta rendering (the boundary convention lives there).
 - `trajectory`: the token buffer, `Trajectory`, `pack_trajectories`.
 - `parser`: tool-call formats (hermes/qwen, llama3_json) in a registry.
 - `tools`: the `Tool` interface, calculator, python sandbox, YAML registry.
@@ -22,7 +22,7 @@ from typing import Any
 
 # public name -> the module under rljax.agent that defines it
 _EXPORTS: dict[str, str] = {
-    "ChatFormatter": "chat", "ChatTemplateError": "chat",
+    "ChatFormatter": "chat_deltas", "ChatTemplateError": "chat_deltas",
     "AgentConfig": "config", "EnvironmentConfig": "config",
     "Environment": "environment", "EnvStep": "environment",
     "AgentLoop": "loop", "Episode": "loop", "EpisodeState": "loop", "collect_metrics": "loop",

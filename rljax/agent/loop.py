@@ -22,7 +22,7 @@ Each episode runs as its own coroutine through these states::
 - INTERACTING: ``await environment.step(text)``; add its reward; DONE if it says so or
   ``max_turns`` is reached.
 - Observations (tool results or environment messages) are appended as one chat-template
-  delta (mask 0; see `rljax.agent.chat` for the exact boundary convention). If the delta does
+  delta (mask 0; see `rljax.agent.chat_deltas` for the exact boundary convention). If the delta does
   not fit in the budget (keeping ``min_turn_tokens`` for the next turn), it is truncated in
   tokens or the episode ends (``overflow: truncate|end``).
 
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from rljax.agent.chat import ChatFormatter
+from rljax.agent.chat_deltas import ChatFormatter
 from rljax.agent.config import AgentConfig
 from rljax.agent.environment import EnvStep, Environment
 from rljax.agent.parser import ToolCall, get_tool_parser
@@ -445,7 +445,7 @@ TERMINATIONS = ("stop", "max_turns", "max_response_tokens", "max_tokens_per_turn
 
 
 def collect_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Batch metrics with verl-style names (``agent/...``); how each combines over rounds
+    """Batch metrics with verl-style names (``agent/...``); how each combines over rollouts
     and replicas is declared in `rljax.metrics.REDUCTIONS`. Every termination reason is
     reported (a fraction, 0 when no episode ended so), so that combining never leaves a
     part out of a fraction."""

@@ -67,7 +67,7 @@ from rljax.algos.log_probs import (
 from rljax.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten, safe_divide
 from rljax.algos.policy_loss import (
     PolicyLoss,
-    PolicyLossConfig,
+    PolicyLossParams,
     compute_policy_loss,
     compute_policy_loss_cispo,
     compute_policy_loss_clip_cov,
@@ -121,7 +121,7 @@ __all__ = [
     "AggTerms",
     "FixedKLController",
     "PolicyLoss",
-    "PolicyLossConfig",
+    "PolicyLossParams",
     "Registry",
     "add_terms",
     "agg_denominator",

@@ -15,8 +15,8 @@ and `register_policy_loss` turns it into the public function with verl's signatu
 weights (rollout correction; constants, no gradient), aggregates them (`agg_loss_terms`),
 honours `global_denominator` / `return_terms` and records `actor/pg_loss`. All arrays are
 [B, T] and aligned with `input_ids` (entry t is about token t, see
-`rljax.algos.log_probs.token_log_probs`); `config` is a `PolicyLossConfig` (None: its
-defaults), a mapping of its fields, or verl's actor config (`PolicyLossConfig.of`). With `return_terms=True` the first result is an `AggTerms(numerator,
+`rljax.algos.log_probs.token_log_probs`); `config` is a `PolicyLossParams` (None: its
+defaults), a mapping of its fields, or verl's actor config (`PolicyLossParams.of`). With `return_terms=True` the first result is an `AggTerms(numerator,
 denominator)` instead of the scalar (see `rljax.algos.aggregation` for the micro-batch
 protocol); with `global_denominator=D` it is numerator / D. Metrics are jnp scalars named
 as in verl (`actor/pg_loss`, `actor/pg_clipfrac`, `actor/pg_clipfrac_lower`,
@@ -73,7 +73,7 @@ def _read(config: Any, name: str) -> Any:
 
 
 @dataclass(frozen=True)
-class PolicyLossConfig:
+class PolicyLossParams:
     """The knobs of the policy losses, with verl's defaults (`actor` and `actor.policy_loss`)."""
 
     clip_ratio: float = 0.2
@@ -91,8 +91,8 @@ class PolicyLossConfig:
     global_batch_size: float | None = None  # verl's global_batch_info: sequences of the global batch
 
     @classmethod
-    def of(cls, config: Any) -> PolicyLossConfig:
-        """`config` as a `PolicyLossConfig`.
+    def of(cls, config: Any) -> PolicyLossParams:
+        """`config` as a `PolicyLossParams`.
 
         None gives the defaults. A mapping without a `policy_loss` key names this class's
         fields (an unknown name is a `TypeError`, not silently ignored). Anything else is
@@ -132,7 +132,7 @@ class PolicyLossConfig:
 
 # --------------------------------------------------------------------------- registration
 
-Core = Callable[[jax.Array, jax.Array, jax.Array, ArrayLike, PolicyLossConfig, jax.Array | None], TokenLosses]
+Core = Callable[[jax.Array, jax.Array, jax.Array, ArrayLike, PolicyLossParams, jax.Array | None], TokenLosses]
 WeightsFn = Callable[[jax.Array, ArrayLike], jax.Array]  # (IS weights [B, T], mask [B, T]) -> factors [B, T]
 
 
@@ -209,7 +209,7 @@ def register_policy_loss(
             bound = signature.bind(*args, **kwargs)  # a misspelt or missing argument: TypeError
             bound.apply_defaults()
             a = bound.arguments
-            config = PolicyLossConfig.of(a["config"])
+            config = PolicyLossParams.of(a["config"])
             mode = fixed_agg_mode or a["loss_agg_mode"]
             old_log_prob, log_prob, advantages = (as_float(a[n]) for n in (first_arg, "log_prob", "advantages"))
             response_mask, rollout_is_weights = a["response_mask"], a["rollout_is_weights"]
@@ -239,7 +239,7 @@ def register_policy_loss(
 @register_policy_loss("vanilla")
 def compute_policy_loss_vanilla(
     old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
-    config: PolicyLossConfig, key: jax.Array | None,
+    config: PolicyLossParams, key: jax.Array | None,
 ) -> TokenLosses:  # fmt: skip
     """PPO clipped surrogate with asymmetric clipping and dual-clip.
 
@@ -279,7 +279,7 @@ def compute_policy_loss_vanilla(
 @register_policy_loss("gspo", default_agg_mode="seq-mean-token-mean", fixed_agg_mode="seq-mean-token-mean")
 def compute_policy_loss_gspo(
     old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
-    config: PolicyLossConfig, key: jax.Array | None,
+    config: PolicyLossParams, key: jax.Array | None,
 ) -> TokenLosses:  # fmt: skip
     """GSPO: clipped surrogate on the length-normalised *sequence* ratio (GSPO-token form).
 
@@ -312,7 +312,7 @@ def compute_policy_loss_gspo(
 @register_policy_loss("gpg")
 def compute_policy_loss_gpg(
     old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
-    config: PolicyLossConfig, key: jax.Array | None,
+    config: PolicyLossParams, key: jax.Array | None,
 ) -> TokenLosses:  # fmt: skip
     """GPG: plain policy gradient, no ratio and no clipping:  L = -A log pi.
 
@@ -326,7 +326,7 @@ def compute_policy_loss_gpg(
 @register_policy_loss("reinforce", default_agg_mode="seq-mean-token-sum", first_arg="rollout_log_prob")
 def compute_policy_loss_reinforce(
     old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
-    config: PolicyLossConfig, key: jax.Array | None,
+    config: PolicyLossParams, key: jax.Array | None,
 ) -> TokenLosses:  # fmt: skip
     """REINFORCE:  L = -w A log pi, with w the (constant) rollout IS weight when given.
 
@@ -342,7 +342,7 @@ def compute_policy_loss_reinforce(
 @register_policy_loss("cispo")
 def compute_policy_loss_cispo(
     old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
-    config: PolicyLossConfig, key: jax.Array | None,
+    config: PolicyLossParams, key: jax.Array | None,
 ) -> TokenLosses:  # fmt: skip
     """CISPO: clipped, stop-gradient importance weight times the log-probability.
 
@@ -393,7 +393,7 @@ def _centered_product(advantages: jax.Array, log_prob: jax.Array, mask: ArrayLik
 @register_policy_loss("clip_cov")
 def compute_policy_loss_clip_cov(
     old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
-    config: PolicyLossConfig, key: jax.Array | None,
+    config: PolicyLossParams, key: jax.Array | None,
 ) -> TokenLosses:  # fmt: skip
     """Clip-Cov: PPO clip, plus detaching the gradient of a few high-covariance tokens.
 
@@ -439,7 +439,7 @@ def compute_policy_loss_clip_cov(
 @register_policy_loss("kl_cov")
 def compute_policy_loss_kl_cov(
     old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
-    config: PolicyLossConfig, key: jax.Array | None,
+    config: PolicyLossParams, key: jax.Array | None,
 ) -> TokenLosses:  # fmt: skip
     """KL-Cov: unclipped surrogate, plus a |log-ratio| penalty on the top-covariance tokens.
 
@@ -471,7 +471,7 @@ def compute_policy_loss_kl_cov(
 @register_policy_loss("geo_mean", fixed_agg_mode="seq-mean-token-mean", is_weights=sequence_geometric_mean_weights)
 def compute_policy_loss_geo_mean(
     old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
-    config: PolicyLossConfig, key: jax.Array | None,
+    config: PolicyLossParams, key: jax.Array | None,
 ) -> TokenLosses:  # fmt: skip
     """GMPO: clipped *geometric mean* of token ratios, one loss per sequence.
 
@@ -530,7 +530,7 @@ def compute_policy_loss(
     """
     if cliprange is None and (cliprange_low is None or cliprange_high is None):
         raise ValueError("cliprange is required unless both cliprange_low and cliprange_high are given")
-    config = PolicyLossConfig(clip_ratio=0.0 if cliprange is None else cliprange, clip_ratio_low=cliprange_low,
+    config = PolicyLossParams(clip_ratio=0.0 if cliprange is None else cliprange, clip_ratio_low=cliprange_low,
                               clip_ratio_high=cliprange_high, clip_ratio_c=clip_ratio_c)  # fmt: skip
     loss, metrics = compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config)
     return loss, metrics["actor/pg_clipfrac"], metrics["actor/ppo_kl"], metrics["actor/pg_clipfrac_lower"]
@@ -538,7 +538,7 @@ def compute_policy_loss(
 
 __all__ = [
     "PolicyLoss",
-    "PolicyLossConfig",
+    "PolicyLossParams",
     "compute_policy_loss",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",

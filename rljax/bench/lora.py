@@ -48,7 +48,7 @@ def run_mode(args, config, rank: int) -> dict:
 
     from rljax.models import DTypePolicy, init_model
     from rljax.models.lora import LoRAConfig, add_adapters, split_trainable
-    from rljax.parallel import MeshConfig, batch_sharding, make_mesh, shard_batch, state_shardings
+    from rljax.parallel import MeshConfig, batch_sharding, make_mesh, shard_local_batch, state_shardings
     from rljax.train.objectives import sft_objective
     from rljax.train.optim import OptimConfig, make_optimizer
     from rljax.train.setup import train_state_shardings
@@ -97,7 +97,7 @@ def run_mode(args, config, rank: int) -> dict:
         model = sharded_init(create, mesh)
         trainable, base = split_trainable(model)
         train_state = jax.jit(lambda p: init_train_state(p, optimizer), out_shardings=state_sharding)(trainable)
-        batch = shard_batch(host_batch, mesh)
+        batch = shard_local_batch(host_batch, mesh)
         train_state, metrics = compiled(train_state, batch, None, base)  # warm-up
         jax.block_until_ready((train_state, metrics))
         times = []

@@ -5,7 +5,7 @@ the cap) is sampled by:
 - "train-mesh": one sampler on the training mesh (`rollout.tensor_parallel_size: 0`):
   the parameters stay in the training layout (fsdp over every device), the KV pool is
   replicated over data x fsdp, every device runs the whole batch;
-- "replicas dp x tp": the rollout replicas (`rljax.rl.replicated.ReplicatedRollout`):
+- "replicas dp x tp": the rollout replicas (`rljax.rl.replica_rollout.ReplicatedRollout`):
   the weights handed off in device memory, each replica samples its run of groups on its
   own tp devices, with 1 / dp of the pages.
 
@@ -143,7 +143,7 @@ def main(args) -> int:
     from rljax.models import ModelConfig
     from rljax.models.transformer import Decoder
     from rljax.parallel import MeshConfig, make_mesh, measured_bytes, state_shardings
-    from rljax.rl.replicated import ReplicatedRollout
+    from rljax.rl.replica_rollout import ReplicatedRollout
     from rljax.rl.scoring import ScoredRollout
     from rljax.rollout import Sampler, SamplingParams
     from rljax.rollout.replicas import ReplicaLayout
@@ -192,7 +192,7 @@ def main(args) -> int:
     sampler.close()
 
     # (b) data-parallel replicas of tp devices
-    def replica_round(sampler, share, sampling, offset):
+    def replica_rollout(sampler, share, sampling, offset):
         # the stream numbering of `rljax.rl.scoring`: prompt i samples stream + offset + i
         return ScoredRollout(sampler.generate(share["prompt_ids"], replace(sampling, stream=sampling.stream + offset)))
 
@@ -208,7 +208,7 @@ def main(args) -> int:
         recorders = {r: DecodeRecorder(s.engine.device) for r, s in rollout.samplers.items()}
         by_shape: dict[str, tuple[float, int]] = {}  # the replicas' programs differ only in their devices
         start = time.perf_counter()
-        result = rollout.run(replica_round, {"prompt_ids": prompts}, params)
+        result = rollout.run(replica_rollout, {"prompt_ids": prompts}, params)
         seconds = time.perf_counter() - start
         shares = rollout.assign({"prompt_ids": prompts}, args.n).per_replica
         per_replica = [len(shares[r]) * args.n * args.max_tokens for r in range(dp)]  # ignore_eos: all to the cap

@@ -53,12 +53,12 @@ def build_config(args, run_dir: str):
     from rljax.data.config import DataConfig
     from rljax.rl.config import ActorConfig, RewardConfig, RLConfig, RolloutConfig
     from rljax.train.optim import OptimConfig
-    from rljax.train.run_config import ModelSection, TrainerConfig
+    from rljax.train.run_config import ModelRunConfig, TrainerConfig
 
     rows = args.prompts * args.n
     pages_per_row = -(-(args.max_prompt_length + args.response_length) // 16)
     return RLConfig(
-        model=ModelSection(tokenizer="char", hf_config=hf_config_dict(args.model), param_dtype=args.param_dtype,
+        model=ModelRunConfig(tokenizer="char", hf_config=hf_config_dict(args.model), param_dtype=args.param_dtype,
                            compute_dtype=args.dtype, remat=args.remat, attention=args.attention),
         data=DataConfig(format="rl", train_files=[f"synthetic:arithmetic/rl?n={max(64, 4 * args.prompts)}&seed=0"],
                         batch_size=args.prompts, max_prompt_length=args.max_prompt_length,

@@ -176,7 +176,7 @@ def prepare_rljax(args, config) -> Runner:
 
     from rljax.models import DTypePolicy, init_model
     from rljax.models.attention import choose_attention
-    from rljax.parallel import MeshConfig, batch_sharding, check_batch, make_mesh, shard_batch, sharded_init
+    from rljax.parallel import MeshConfig, batch_sharding, check_batch, make_mesh, shard_local_batch, sharded_init
     from rljax.train.objectives import sft_objective
     from rljax.train.optim import OptimConfig, make_optimizer
     from rljax.train.setup import init_sharded_train_state, peak_flops, place, train_state_shardings
@@ -196,7 +196,7 @@ def prepare_rljax(args, config) -> Runner:
     update = make_train_step(graphdef, sft_objective(), optimizer, schedule, args.micro_batches,
                              state_sharding=train_state_shardings(params, optimizer, mesh),
                              batch_sharding=batch_sharding(mesh))
-    batch = shard_batch(make_batch(args.batch, args.seq_len, config.vocab_size, args.segments), mesh)
+    batch = shard_local_batch(make_batch(args.batch, args.seq_len, config.vocab_size, args.segments), mesh)
     start = time.perf_counter()
     compiled = update.lower(holder["state"], batch, None, None).compile()
     compile_s = time.perf_counter() - start

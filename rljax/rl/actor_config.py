@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from rljax.algos.kl import FULL_KL
-from rljax.algos.policy_loss import PolicyLossConfig
+from rljax.algos.policy_loss import PolicyLossParams
 from rljax.algos.registry import KL_ESTIMATOR_REGISTRY, LOSS_AGG_REGISTRY, POLICY_LOSS_REGISTRY
 from rljax.config import (
     Bounds,
@@ -36,7 +36,7 @@ def check_kl_name(key: str, name: str) -> None:
 
 
 @dataclass
-class PolicyLossSection:
+class PolicyLossConfig:
     """verl's `actor.policy_loss`: which policy loss, and the options of the losses that have some."""
 
     loss_mode: str = "vanilla"  # a name in POLICY_LOSS_REGISTRY (vanilla = PPO clip, gspo, clip_cov, kl_cov, ...)
@@ -83,7 +83,7 @@ class ActorConfig:
     # weight of the mixture-of-experts load-balancing loss (rljax.algos.router_loss), added
     # to the actor loss; 0: off. Mixture-of-experts models only (verl / HF: router_aux_loss_coef)
     router_aux_loss_coef: NonNegFloat = 0.0
-    policy_loss: PolicyLossSection = field(default_factory=PolicyLossSection)  # the loss and its options
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)  # the loss and its options
     use_rollout_log_probs: bool = False  # old log-probs = the sampler's (skip the recompute)
     # Removed: use algorithm.rollout_correction (rollout_is=token, rollout_is_threshold=<cap>).
     # Kept as a field only so that a config still setting it gets that message.
@@ -110,11 +110,11 @@ class ActorConfig:
         check_registry("actor.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_REGISTRY)
 
     @property
-    def loss_config(self) -> PolicyLossConfig:
+    def loss_config(self) -> PolicyLossParams:
         """The policy losses' knobs (`rljax.algos.policy_loss`) from this section and its
         `policy_loss` subsection."""
         p = self.policy_loss
-        return PolicyLossConfig(
+        return PolicyLossParams(
             clip_ratio=self.clip_ratio, clip_ratio_low=self.clip_ratio_low, clip_ratio_high=self.clip_ratio_high,
             clip_ratio_c=self.clip_ratio_c, loss_scale_factor=self.loss_scale_factor,
             clip_cov_ratio=p.clip_cov_ratio, clip_cov_lb=p.clip_cov_lb, clip_cov_ub=p.clip_cov_ub,

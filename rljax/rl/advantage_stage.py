@@ -36,12 +36,12 @@ from rljax.algos.kl import FULL_KL, AdaptiveKLController, FixedKLController, app
 from rljax.algos.registry import get_adv_estimator
 from rljax.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
 from rljax.rl.batch import StepBatch
-from rljax.rl.config import RLConfig, RolloutCorrectionSection
+from rljax.rl.config import RLConfig, RolloutCorrectionConfig
 
 KLController = FixedKLController | AdaptiveKLController
 
 
-def correction_kwargs(correction: RolloutCorrectionSection) -> dict:
+def correction_kwargs(correction: RolloutCorrectionConfig) -> dict:
     """`compute_rollout_correction_and_rejection_mask` keyword arguments of the config
     (the decoupled correction here, and bypass mode's in the actor's loss)."""
     return dict(rollout_is=correction.rollout_is, rollout_is_threshold=correction.rollout_is_threshold,

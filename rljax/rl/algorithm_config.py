@@ -30,11 +30,11 @@ class FilterGroupsConfig:
     enable: bool = False  # filter groups (DAPO's dynamic sampling)
     # score | seq_reward | seq_final_reward (the sample's reward) or a per-sample value the reward returns (acc)
     metric: str = "score"
-    max_num_gen_batches: PositiveInt = 4  # generation rounds per step at most (then topped up, unfiltered)
+    max_num_gen_batches: PositiveInt = 4  # generation batches per step at most (then topped up, unfiltered)
 
 
 @dataclass
-class RolloutCorrectionSection:
+class RolloutCorrectionConfig:
     """Rollout correction between the sampler's log-probs (pi_rollout) and the trainer's,
     verl's `algorithm.rollout_correction` (functions: `rljax.algos.rollout_correction`;
     metrics under `rollout_corr/`). Nothing is applied while `rollout_is`, `rollout_rs`
@@ -132,7 +132,7 @@ class AlgorithmConfig:
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)  # the KL-in-reward coefficient
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)  # DAPO's dynamic sampling
     # sampler / trainer mismatch: IS weights, rejection (verl: algorithm.rollout_correction)
-    rollout_correction: RolloutCorrectionSection = field(default_factory=RolloutCorrectionSection)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
     def __post_init__(self) -> None:
         check_kl_name("algorithm.kl_penalty", self.kl_penalty)

@@ -37,19 +37,19 @@ from rljax.algos.registry import get_adv_estimator
 from rljax.config import ConfigError, FieldError, NonNegFloat, PositiveInt, from_dict
 from rljax.data.config import DataConfig
 from rljax.parallel import MeshConfig
-from rljax.rl.actor_config import ActorConfig, CriticConfig, PolicyLossSection
+from rljax.rl.actor_config import ActorConfig, CriticConfig, PolicyLossConfig
 from rljax.rl.algorithm_config import (
     AlgorithmConfig,
     FilterGroupsConfig,
     KLControlConfig,
-    RolloutCorrectionSection,
+    RolloutCorrectionConfig,
 )
 from rljax.rl.reward_config import (
     CustomRewardFunction,
     OverlongBufferConfig,
     RewardConfig,
-    RewardModelSection,
-    VerifierSection,
+    RewardModelConfig,
+    VerifierConfig,
 )
 from rljax.rl.presets import PRESETS, preset_tree
 from rljax.rl.request_streams import TRAIN, VALIDATION, request_stream
@@ -59,7 +59,7 @@ from rljax.rollout.params import SamplingParams
 from rljax.train.run_sections import (
     RL_ALGORITHMS,
     SUPERVISED_ALGORITHMS,
-    ModelSection,
+    ModelRunConfig,
     TrainerConfig,
     batch_size_key,
     check_algorithm,
@@ -68,10 +68,10 @@ from rljax.train.run_sections import (
 )
 
 __all__ = [
-    "RLConfig", "RL_ALGORITHMS", "WarmupSFTConfig", "AgentConfig", "ModelSection",
-    "TrainerConfig", "ActorConfig", "CriticConfig", "PolicyLossSection", "RolloutConfig", "ValKwargs",
-    "AlgorithmConfig", "KLControlConfig", "FilterGroupsConfig", "RolloutCorrectionSection", "RewardConfig",
-    "OverlongBufferConfig", "CustomRewardFunction", "RewardModelSection", "VerifierSection", "FULL_KL", "TopK",
+    "RLConfig", "RL_ALGORITHMS", "WarmupSFTConfig", "AgentConfig", "ModelRunConfig",
+    "TrainerConfig", "ActorConfig", "CriticConfig", "PolicyLossConfig", "RolloutConfig", "ValKwargs",
+    "AlgorithmConfig", "KLControlConfig", "FilterGroupsConfig", "RolloutCorrectionConfig", "RewardConfig",
+    "OverlongBufferConfig", "CustomRewardFunction", "RewardModelConfig", "VerifierConfig", "FULL_KL", "TopK",
 ]
 
 # estimators whose baseline is the group's own mean: one sample per prompt gives zero advantages
@@ -97,7 +97,7 @@ class WarmupSFTConfig:
 class RLConfig:
     """The RL run: one field per top-level YAML section (see the module docstring)."""
 
-    model: ModelSection = field(default_factory=ModelSection)  # the policy (and the reference, a frozen copy)
+    model: ModelRunConfig = field(default_factory=ModelRunConfig)  # the policy (and the reference, a frozen copy)
     data: DataConfig = field(default_factory=lambda: DataConfig(format="rl"))  # prompts; data.batch_size in prompts
     actor: ActorConfig = field(default_factory=ActorConfig)  # the policy's training
     critic: CriticConfig = field(default_factory=CriticConfig)  # the value model (algorithm.adv_estimator=gae)
@@ -165,7 +165,7 @@ class RLConfig:
                               "set it to the devices per rollout replica (e.g. 1)")
         if processes > 1 and (self.reward.reward_model.enable or self.reward.verifier.enable):
             raise ConfigError("reward.reward_model / reward.verifier: not supported in a run of several processes "
-                              "(their forward spans the mesh while rounds run per process)")
+                              "(their forward spans the mesh while rollouts run per process)")
         if num_devices is None:
             return
         tp, dp = self.rollout.tensor_parallel_size, self.rollout.data_parallel_size
@@ -234,7 +234,7 @@ class RLConfig:
     def sampling_params(self, step: int = 0, validation: bool = False) -> SamplingParams:
         """The rollout's sampling params at `step`: seed `rollout.seed`, up to
         `rollout.response_length` tokens, and streams starting at `request_stream(TRAIN,
-        step, 0)` (a round's prompt i then samples stream base + group offset + i).
+        step, 0)` (a rollout's prompt i then samples stream base + group offset + i).
         Validation samples by `rollout.val_kwargs` on the same streams at every step
         (common random numbers: a change in validation accuracy between steps is the
         policy's, not the noise's)."""

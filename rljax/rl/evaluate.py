@@ -24,12 +24,12 @@ from typing import Any, Iterable
 import numpy as np
 
 from rljax.data import make_dataset
-from rljax.hostsync import fetch, place_batch
+from rljax.hostsync import fetch, shard_global_batch
 from rljax.evaluation import validation_metrics
 from rljax.rl.batch import Sample, build_batch
 from rljax.rl.config import RLConfig
 from rljax.rl.forwards import LogProbFn, make_log_prob_fn
-from rljax.rl.generation import RoundFn
+from rljax.rl.generation import RolloutFn
 
 
 def reference_text(ground_truth: Any, extra_info: Any) -> str:
@@ -61,15 +61,15 @@ def reference_nll(log_probs: LogProbFn, params, samples: list[Sample], cfg: RLCo
     return -(lp * scored).sum(-1), scored.sum(-1)
 
 
-def validate(cfg: RLConfig, tokenizer, round_fn: RoundFn, log_probs: LogProbFn | None = None, params=None,
+def validate(cfg: RLConfig, tokenizer, rollout_fn: RolloutFn, log_probs: LogProbFn | None = None, params=None,
              mesh=None, batches: Iterable[dict[str, list]] | None = None) -> dict[str, float]:
     """Validation metrics (module docstring) over `batches` (default: `data.val_files`).
     Without `log_probs`, no perplexity; with a `mesh`, its batches are sharded over it.
-    Every process reads every prompt (`round_fn` spreads them over rollout replicas)."""
+    Every process reads every prompt (`rollout_fn` spreads them over rollout replicas)."""
     from rljax.parallel import data_parallel_size
 
     rows_multiple = 1 if mesh is None else data_parallel_size(mesh)
-    shard = (lambda batch: batch) if mesh is None else (lambda batch: place_batch(batch, mesh))
+    shard = (lambda batch: batch) if mesh is None else (lambda batch: shard_global_batch(batch, mesh))
     if batches is None:
         if not cfg.data.val_files:
             return {}
@@ -83,7 +83,7 @@ def validate(cfg: RLConfig, tokenizer, round_fn: RoundFn, log_probs: LogProbFn |
     for prompts in batches:
         if not prompts["prompt_ids"]:
             continue
-        records += round_fn(prompts, params_sampling, offset).records
+        records += rollout_fn(prompts, params_sampling, offset).records
         offset += len(prompts["prompt_ids"])
         if log_probs is not None:
             samples = reference_samples(prompts, tokenizer, cfg.rollout.response_length)
@@ -128,6 +128,6 @@ def evaluate(cfg: RLConfig, checkpoint: str | None = None, work_dir: str = "runs
     generation = Generation(cfg, decoder, tokenizer, agent, lambda: params, mesh)
     try:
         log_probs = None if agent is not None else make_log_prob_fn(graphdef, 1.0)
-        return validate(cfg, tokenizer, generation.round, log_probs, params, mesh)
+        return validate(cfg, tokenizer, generation.rollout, log_probs, params, mesh)
     finally:
         generation.close()

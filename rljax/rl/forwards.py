@@ -23,10 +23,10 @@ import jax
 from flax import nnx
 
 from rljax.algos.kl import kl_from_hidden
-from rljax.hostsync import fetch, place_batch
+from rljax.hostsync import fetch, shard_global_batch
 from rljax.rl.batch import BatchFields, StepBatch
 from rljax.rl.config import RLConfig
-from rljax.rl.objectives import aligned_values
+from rljax.rl.actor_critic import aligned_values
 from rljax.rl.step_metrics import Timer
 
 # (params, input_ids, attention_mask[, expert_ids]) -> [B, T] log-probs
@@ -106,12 +106,12 @@ class BatchForwards:
         reference = actor_params if reference is None else reference
         ref_log_probs = self.reference_log_probs or self.log_probs
         # every process holds the whole batch, and gets every result whole
-        ids, mask = place_batch({"i": batch.input_ids, "m": batch.attention_mask}, mesh).values()
+        ids, mask = shard_global_batch({"i": batch.input_ids, "m": batch.attention_mask}, mesh).values()
         experts = None  # [B, T, L, k] the sampler's routing, replayed in the policy's forwards
         if self.router_replay:
             if batch.expert_ids is None:
                 raise ValueError("actor.router_replay: the rollout recorded no routing (expert_ids)")
-            experts = place_batch({"e": batch.expert_ids}, mesh)["e"]
+            experts = shard_global_batch({"e": batch.expert_ids}, mesh)["e"]
         filled = {}
         with timer("old_log_prob"):
             if self.reuse_rollout_log_probs:

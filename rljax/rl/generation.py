@@ -1,12 +1,12 @@
 """The generation side of the RL loop, built from the config: the sampler (or the rollout
-replicas), the reward manager, the model rewards and one "round" function (sample
+replicas), the reward manager, the model rewards and one "rollout" function (sample
 `params.n` responses per prompt and score them, single-turn or as agent episodes). The
 trainer and `rljax eval` both build them here, as a `Generation`.
 
 Layouts (`rollout.tensor_parallel_size`):
 - 0: one sampler on the training mesh, reading the trainer's arrays as they are (zero
   copy; one process only: its scheduler feeds programs over the whole mesh);
-- tp >= 1: data-parallel replicas of tp devices each (`rljax.rl.replicated`), the
+- tp >= 1: data-parallel replicas of tp devices each (`rljax.rl.replica_rollout`), the
   weights handed off in device memory every step; the only layout for several processes.
 """
 
@@ -22,13 +22,13 @@ from rljax.rl.agent_rollout import agent_generate_and_score
 from rljax.rl.config import RLConfig
 from rljax.rl.main_thread import OnMainThread
 from rljax.rl.model_rewards import build_model_rewards
-from rljax.rl.replicated import ReplicatedRollout
+from rljax.rl.replica_rollout import ReplicatedRollout
 from rljax.rl.scoring import ScoredRollout, generate_and_score
 from rljax.rollout.params import SamplingParams
 from rljax.rollout.replicas import ReplicaLayout
 from rljax.rollout.sampler import Sampler
 
-RoundFn = Callable[[dict, SamplingParams, int], ScoredRollout]  # (prompts, params, group offset)
+RolloutFn = Callable[[dict, SamplingParams, int], ScoredRollout]  # (prompts, params, group offset)
 
 
 def make_sampler(cfg: RLConfig, decoder) -> Sampler:
@@ -44,8 +44,8 @@ def make_reward_manager(cfg: RLConfig) -> RewardManager:
         dataclasses.asdict(custom) if custom.path else None)
 
 
-def make_round_fn(sampler: Sampler, rewards: RewardManager, tokenizer, cfg: RLConfig, agent=None,
-                  model_rewards=None) -> RoundFn:
+def make_rollout_fn(sampler: Sampler, rewards: RewardManager, tokenizer, cfg: RLConfig, agent=None,
+                  model_rewards=None) -> RolloutFn:
     """`round(prompts, params, offset) -> ScoredRollout`: agent episodes when `agent` (an
     `AgentConfig`) is given, else single-turn sampling; scored by `rewards`, plus
     `model_rewards` (reward model / verifier) when given."""
@@ -90,17 +90,17 @@ class Generation:
         else:
             self.sampler = make_sampler(cfg, decoder)
 
-    def _round_on(self, sampler: Sampler, prompts: dict, params: SamplingParams, offset: int) -> ScoredRollout:
+    def _rollout_on(self, sampler: Sampler, prompts: dict, params: SamplingParams, offset: int) -> ScoredRollout:
         rewards = self.rewards if self.replicas is None else OnMainThread(self.rewards, self.replicas.main_thread)
-        return make_round_fn(sampler, rewards, self.tokenizer, self.cfg, self.agent, self.model_rewards)(
+        return make_rollout_fn(sampler, rewards, self.tokenizer, self.cfg, self.agent, self.model_rewards)(
             prompts, params, offset)
 
-    def round(self, prompts: dict, params: SamplingParams, offset: int = 0) -> ScoredRollout:
+    def rollout(self, prompts: dict, params: SamplingParams, offset: int = 0) -> ScoredRollout:
         """Sample and score `prompts` (groups numbered from `offset`); with replicas, every
-        process returns the whole round."""
+        process returns the whole rollout."""
         if self.replicas is not None:
-            return self.replicas.run(self._round_on, prompts, params, offset)
-        return self._round_on(self.sampler, prompts, params, offset)
+            return self.replicas.run(self._rollout_on, prompts, params, offset)
+        return self._rollout_on(self.sampler, prompts, params, offset)
 
     def update_params(self, params) -> dict[str, float]:
         """New policy weights for the sampler(s); with replicas, the hand-off's cost

@@ -3,7 +3,7 @@ the mini-batch updates of one RL step.
 
 The update itself is the shared jitted train step (`rljax.train.steps.make_train_step`);
 here the step batch's view its objective reads (`inputs`, e.g.
-`rljax.rl.objectives.ActorBatch`) is cut into `ppo_mini_batch_size x rollout.n` row
+`rljax.rl.actor_critic.ActorBatch`) is cut into `ppo_mini_batch_size x rollout.n` row
 mini-batches, one optimizer step each, `ppo_epochs` times.
 """
 
@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rljax.hostsync import place_batch
+from rljax.hostsync import shard_global_batch
 from rljax.models.lora import join
 from rljax.parallel import data_parallel_size
 from rljax.rl.batch import StepBatch, present, select_rows, take
@@ -55,7 +55,7 @@ class Learner:
             order = rng.permutation(rows) if self.shuffle else np.arange(rows)  # [rows]
             for start in range(0, rows, self.mini_batch_rows):
                 mini = select_rows(view, order[start : start + self.mini_batch_rows])
-                mini = dataclasses.replace(mini, **place_batch(present(mini), mesh))
+                mini = dataclasses.replace(mini, **shard_global_batch(present(mini), mesh))
                 self.state, metrics = self.step(self.state, mini, frozen, self.base)
                 outputs.append(metrics)
         host = jax.device_get(outputs)

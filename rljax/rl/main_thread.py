@@ -1,9 +1,9 @@
 """Calls made from worker threads, run on the thread that serves them.
 
-Rollout replicas sample in threads (`rljax.rl.replicated`), but some of what a round calls
+Rollout replicas sample in threads (`rljax.rl.replica_rollout`), but some of what a rollout calls
 must run on the main thread: the inline reward manager enforces `reward.timeout_s` with
-SIGALRM, which Python delivers to the main thread only. The round's threads hand those
-calls to `MainThreadCalls`; the main thread, waiting for the round, runs them in arrival
+SIGALRM, which Python delivers to the main thread only. The rollout's threads hand those
+calls to `MainThreadCalls`; the main thread, waiting for the rollout, runs them in arrival
 order while the other replicas go on sampling.
 """
 

@@ -75,7 +75,7 @@ class ModelRewards:
     score the policy's token ids as they are (same vocabulary), else re-render each
     sample's chat (`raw_prompt` + the decoded response) with `scorer.score_messages`.
     `verifier`: a `GenerativeVerifier`; `before_verify` runs before each verification
-    round (the self-verifier loads the current policy weights there)."""
+    rollout (the self-verifier loads the current policy weights there)."""
 
     def __init__(
         self,

@@ -38,7 +38,7 @@ PRESETS: dict[str, Mapping[str, Any]] = {
     "dr_grpo": {**_GRPO, "algorithm.norm_adv_by_std_in_grpo": False,
                 "actor.loss_agg_mode": "seq-mean-token-sum-norm", "actor.use_kl_loss": False},
     # verl recipe/dapo/run_dapo_qwen2.5_32b.sh (docs/algo/dapo.md): clip-higher, token-level
-    # loss, dynamic sampling on acc with at most 10 generation rounds, overlong reward shaping,
+    # loss, dynamic sampling on acc with at most 10 generation batches, overlong reward shaping,
     # no KL. The overlong buffer's length is the user's (verl's recipe: 4096 of 20480 tokens).
     "dapo": {**_GRPO, **_NO_KL, "actor.clip_ratio_low": 0.2, "actor.clip_ratio_high": 0.28,
              "actor.loss_agg_mode": "token-mean", "algorithm.filter_groups.enable": True,

@@ -11,10 +11,10 @@ and the trainer collects before it updates, so every sample is on-policy. A prod
 with depth d would let `collect` return batches sampled up to d versions ago; the
 learner reads the version off each sample.
 
-A round of sampling and scoring is `Generation.round` (`rljax.rl.generation`); on top of
+A rollout of sampling and scoring is `Generation.rollout` (`rljax.rl.generation`); on top of
 it a producer runs, as the config asks, DAPO's dynamic sampling (`rljax.rl.scoring.
-dynamic_sampling`: more rounds, drawing further prompts from the data, until enough
-informative groups) or ReMax's greedy round (each sample's `baseline`).
+dynamic_sampling`: more generation batches, drawing further prompts from the data, until enough
+informative groups) or ReMax's greedy rollout (each sample's `baseline`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from rljax.rl.scoring import ScoredRollout, dynamic_sampling
 from rljax.rollout.params import SamplingParams
 
 Prompts = dict[str, list]  # a batch of the RL data's prompt rows
-# (prompts, sampling params, group offset) -> the scored samples of one round
-RoundFn = Callable[[Prompts, SamplingParams, int], ScoredRollout]
+# (prompts, sampling params, group offset) -> the scored samples of one rollout
+RolloutFn = Callable[[Prompts, SamplingParams, int], ScoredRollout]
 
 
 class RolloutProducer(Protocol):
@@ -48,13 +48,13 @@ class SyncProducer:
     """Depth 0: `submit` samples and scores the prompts with the sampler's weights of the
     moment (those of `policy_version`); `collect` hands rollouts back in submission order."""
 
-    def __init__(self, generate_round: RoundFn, more_prompts: Callable[[], Prompts], num_groups: int,
+    def __init__(self, run_rollout: RolloutFn, more_prompts: Callable[[], Prompts], num_groups: int,
                  filter_groups: FilterGroupsConfig | None = None, greedy_baseline: bool = False):
-        self.generate_round = generate_round
+        self.run_rollout = run_rollout
         self.more_prompts = more_prompts  # dynamic sampling's further prompt batches
         self.num_groups = num_groups  # prompts per step (groups of rollout.n samples)
-        self.filter_groups = filter_groups  # DAPO's dynamic sampling; None: one round
-        self.greedy_baseline = greedy_baseline  # ReMax: a greedy round gives each sample its baseline
+        self.filter_groups = filter_groups  # DAPO's dynamic sampling; None: one rollout
+        self.greedy_baseline = greedy_baseline  # ReMax: a greedy rollout gives each sample its baseline
         self._done: collections.deque[ScoredRollout] = collections.deque()
 
     def submit(self, prompts: Prompts, policy_version: int, params: SamplingParams) -> None:
@@ -69,17 +69,17 @@ class SyncProducer:
         return self._done.popleft()
 
     def _produce(self, prompts: Prompts, params: SamplingParams) -> ScoredRollout:
-        def round_of(batch: Prompts, offset: int) -> ScoredRollout:
-            return self.generate_round(batch, params, offset)
+        def rollout_of(batch: Prompts, offset: int) -> ScoredRollout:
+            return self.run_rollout(batch, params, offset)
 
         if self.filter_groups is not None:  # the submitted prompts first, then the data's next ones
             pending = [prompts]
             fg = self.filter_groups
-            return dynamic_sampling(lambda: pending.pop() if pending else self.more_prompts(), round_of,
+            return dynamic_sampling(lambda: pending.pop() if pending else self.more_prompts(), rollout_of,
                                     self.num_groups, fg.max_num_gen_batches, fg.metric)
-        rollout = round_of(prompts, 0)
+        rollout = rollout_of(prompts, 0)
         if self.greedy_baseline:  # one greedy sample per prompt, with the same weights
-            base = self.generate_round(prompts, dataclasses.replace(params, n=1, temperature=0.0), 0)
+            base = self.run_rollout(prompts, dataclasses.replace(params, n=1, temperature=0.0), 0)
             baselines = {s.group_id: s.score for s in base.samples}
             rollout.metrics["critic/reward_baseline/mean"] = float(np.mean(list(baselines.values())))
             for s in rollout.samples:

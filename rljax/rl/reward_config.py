@@ -49,7 +49,7 @@ def check_model_dir(section, name: str = "path") -> None:
 
 
 @dataclass
-class RewardModelSection:
+class RewardModelConfig:
     """A trained reward model as the reward (verl's `reward_model.enable`): an HF
     `*ForSequenceClassification` folder with one label (what `rljax export` writes for
     an `rm` run) scores the exact `prompt + response` token ids of every sample.
@@ -74,7 +74,7 @@ class RewardModelSection:
 
 
 @dataclass
-class VerifierSection:
+class VerifierConfig:
     """A generative verifier as the reward: a causal LM grades each (question, response,
     ground truth) with greedy decoding in rljax's sampler; the parsed verdict is the score
     (`rljax.rewards.verifier`). Applied after the reward model, combined the same way.
@@ -119,8 +119,8 @@ class RewardConfig:
 
     custom_reward_function: CustomRewardFunction = field(default_factory=CustomRewardFunction)  # verl's key
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # DAPO's overlong shaping
-    reward_model: RewardModelSection = field(default_factory=RewardModelSection)  # a trained reward model
-    verifier: VerifierSection = field(default_factory=VerifierSection)  # a generative verifier
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)  # a trained reward model
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)  # a generative verifier
     mode: Literal["process", "inline"] = "process"  # where reward functions run (see above)
     timeout_s: PositiveFloat = 10.0  # seconds one reward call may take
     num_workers: PositiveInt = 2  # worker processes (mode=process, or a custom function)

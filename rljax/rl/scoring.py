@@ -38,7 +38,7 @@ def generate_and_score(
     model_rewards=None,
 ) -> ScoredRollout:
     """Sample `params.n` responses per prompt and score them; group ids start at
-    `group_offset` so several generation rounds can share one batch. `model_rewards`
+    `group_offset` so several generation batches can share one batch. `model_rewards`
     (`rljax.rl.model_rewards.ModelRewards`, when `reward.reward_model` or
     `reward.verifier` is enabled) adds a reward model's / verifier's scores to the rule
     scores."""
@@ -127,27 +127,27 @@ def keep_informative_groups(samples: list[Sample], values: list[float]) -> tuple
 
 def dynamic_sampling(
     next_prompts: Callable[[], dict[str, list]],
-    generate_round: Callable[[dict[str, list], int], ScoredRollout],
+    run_rollout: Callable[[dict[str, list], int], ScoredRollout],
     num_groups: int,
-    max_rounds: int,
+    max_gen_batches: int,
     metric: str = "score",
 ) -> ScoredRollout:
-    """Generate rounds until `num_groups` informative groups (whose `metric` varies, see
-    `group_metric`) are collected (DAPO §3.2), at most `max_rounds`; a short batch is
+    """Generate batches until `num_groups` informative groups (whose `metric` varies, see
+    `group_metric`) are collected (DAPO §3.2), at most `max_gen_batches`; a short batch is
     topped up with uninformative groups so the batch shape never changes (counted in
-    `train/filter_groups_underfilled`). The rounds' metrics combine by their declared
-    reductions (`rljax.metrics.reduce_metrics`), a round's means weighted by its samples:
+    `train/filter_groups_underfilled`). The batches' metrics combine by their declared
+    reductions (`rljax.metrics.reduce_metrics`), a batch's means weighted by its samples:
     a fraction stays a fraction over every generated sample, a count adds up."""
     kept_samples: list[Sample] = []
     spare: list[Sample] = []
-    round_metrics: list[dict[str, float]] = []
-    round_sizes: list[int] = []
+    batch_metrics: list[dict[str, float]] = []
+    batch_sizes: list[int] = []
     records: list[dict] = []
-    offset = rounds = 0
+    offset = gen_batches = 0
     kept_groups = 0
-    while kept_groups < num_groups and rounds < max_rounds:
-        rollout = generate_round(next_prompts(), offset)
-        rounds += 1
+    while kept_groups < num_groups and gen_batches < max_gen_batches:
+        rollout = run_rollout(next_prompts(), offset)
+        gen_batches += 1
         offset += num_groups
         kept, dropped = keep_informative_groups(rollout.samples, group_metric(rollout, metric))
         take = set(kept[: num_groups - kept_groups])
@@ -155,13 +155,13 @@ def dynamic_sampling(
         kept_samples += [s for s in rollout.samples if s.group_id in take]
         spare += [s for s in rollout.samples if s.group_id in set(dropped)]
         records += rollout.records
-        round_metrics.append(rollout.metrics)
-        round_sizes.append(len(rollout.samples))
+        batch_metrics.append(rollout.metrics)
+        batch_sizes.append(len(rollout.samples))
     missing = num_groups - kept_groups
     if missing:
         fill = sorted({s.group_id for s in spare})[:missing]
         kept_samples += [s for s in spare if s.group_id in set(fill)]
-    metrics = reduce_metrics(round_metrics, round_sizes)
-    metrics["train/num_gen_batches"] = float(rounds)
+    metrics = reduce_metrics(batch_metrics, batch_sizes)
+    metrics["train/num_gen_batches"] = float(gen_batches)
     metrics["train/filter_groups_underfilled"] = float(missing)
     return ScoredRollout(kept_samples, metrics, records)

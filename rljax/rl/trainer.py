@@ -44,7 +44,7 @@ from rljax.rl.evaluate import validate
 from rljax.rl.forwards import BatchForwards, make_log_prob_fn
 from rljax.rl.generation import Generation
 from rljax.rl.learner import make_learner
-from rljax.rl.objectives import ActorBatch, CriticBatch, actor_objective, critic_objective
+from rljax.rl.actor_critic import ActorBatch, CriticBatch, actor_objective, critic_objective
 from rljax.rl.producer import SyncProducer
 from rljax.rl.scoring import ScoredRollout
 from rljax.rl.step_metrics import Timer, batch_metrics, rollout_mismatch, throughput
@@ -99,14 +99,14 @@ class RLTrainer:
         self.generation = Generation(cfg, decoder, self.tokenizer, self.agent_config,
                                      lambda: self.actor.params, self.mesh)
         fg = alg.filter_groups
-        self.producer = SyncProducer(lambda prompts, params, offset: self.generate_round(prompts, params, offset),
+        self.producer = SyncProducer(lambda prompts, params, offset: self.run_rollout(prompts, params, offset),
                                      lambda: next(self.train_data), cfg.data.batch_size, fg if fg.enable else None,
                                      self.fields.reward_baselines)
         # reference-answer perplexity in validation is scored at temperature 1
         self.val_log_probs = None if self.agent_config is not None else (
             self.forwards.log_probs if r.temperature == 1.0 else make_log_prob_fn(self.actor.graphdef, 1.0))
         self.run.on_close(self.generation.close)
-        # every process reads the whole batch: rounds are split over replicas, not processes
+        # every process reads the whole batch: rollouts are split over replicas, not processes
         self.train_data = make_dataset(cfg.data, self.tokenizer, "train", process_index=0, process_count=1)
         self.flops_peak = peak_flops(cfg.trainer.peak_flops_per_device) * jax.device_count()
         self.step_count = self._resume()
@@ -125,16 +125,16 @@ class RLTrainer:
             self.producer.submit(next(self.train_data), self.step_count, params)
             return self.producer.collect()
 
-    def generate_round(self, prompts: dict[str, list], params, offset: int) -> ScoredRollout:
-        """One round of sampling and scoring (`rljax.rl.generation.Generation.round`)."""
-        return self.generation.round(prompts, params, offset)
+    def run_rollout(self, prompts: dict[str, list], params, offset: int) -> ScoredRollout:
+        """One rollout of sampling and scoring (`rljax.rl.generation.Generation.rollout`)."""
+        return self.generation.rollout(prompts, params, offset)
 
     def make_batch(self, rollout: ScoredRollout, timer: Timer) -> tuple[StepBatch, dict[str, float]]:
         """The rollout -> the finished step batch (forwards, then the advantage stage) and
         the stage's metrics; the KL controller moves to its update."""
         cfg = self.cfg
         samples = rollout.samples
-        # group ids -> 0..G-1 (dynamic sampling draws them from several rounds)
+        # group ids -> 0..G-1 (dynamic sampling draws them from several generation batches)
         _, group_ids = np.unique([s.group_id for s in samples], return_inverse=True)
         for s, g in zip(samples, group_ids):
             s.group_id = int(g)
@@ -186,7 +186,7 @@ class RLTrainer:
 
     def validate(self) -> dict[str, float]:
         """`rljax.rl.evaluate.validate` with the current policy."""
-        return validate(self.cfg, self.tokenizer, self.generate_round, self.val_log_probs, self.actor.params,
+        return validate(self.cfg, self.tokenizer, self.run_rollout, self.val_log_probs, self.actor.params,
                         self.mesh)
 
     def save(self) -> None:

@@ -4,7 +4,7 @@ A group is the n samples of one prompt: it goes to one replica whole, so its sam
 share the prompt's KV pages there. Each replica takes a contiguous run of groups, and the
 runs are cut to make the largest expected-token load as small as any contiguous split
 can (binary search on that load, each candidate checked by a greedy left-to-right fill).
-Contiguous runs keep a replica's round a plain slice of the batch, numbered from its
+Contiguous runs keep a replica's rollout a plain slice of the batch, numbered from its
 first group (request streams and group ids follow the prompt's index: the layout changes
 no token); in RL every group has n samples of the same response budget, so expected
 tokens differ only by prompt lengths and the best contiguous split is within one group
@@ -13,7 +13,7 @@ of the mean (the looser, non-contiguous greedy was not worth a second numbering)
 SPMD: the assignment is a pure function of the groups' sizes, which every process holds
 (prompt lengths and sampling params of the shared batch), so every process knows where
 every group runs without talking, and the replicas' results concatenated in replica
-order are the groups in request order, on every process. An agent episode runs inside its group's round, so it stays on one replica for its
+order are the groups in request order, on every process. An agent episode runs inside its group's rollout, so it stays on one replica for its
 whole life and its later turns hit that replica's prefix cache.
 """
 

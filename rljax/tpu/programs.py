@@ -37,7 +37,7 @@ from rljax.rl.batch import BatchFields, StepBatch, abstract_batch
 from rljax.rl.config import RLConfig
 from rljax.rl.forwards import BatchForwards
 from rljax.rl.learner import learner_update
-from rljax.rl.objectives import ActorBatch, CriticBatch, actor_objective, critic_objective
+from rljax.rl.actor_critic import ActorBatch, CriticBatch, actor_objective, critic_objective
 from rljax.rollout.attention import resolve_decode_attention
 from rljax.rollout.buckets import Buckets
 from rljax.rollout.config import SamplerConfig

@@ -20,7 +20,7 @@ import numpy as np
 
 from rljax.checkpoint import abstract_like
 from rljax.data import make_dataset
-from rljax.parallel import check_batch, make_mesh, shard_batch
+from rljax.parallel import check_batch, make_mesh, shard_local_batch
 from rljax.runs import Run
 from rljax.train.objectives import make_eval_step
 from rljax.train.optim import make_optimizer
@@ -119,7 +119,7 @@ def _train(run: Run, mesh) -> dict:
             t0 = time.perf_counter()
             host_batch = next(train_data)
             data_state = train_data.get_state()
-            batch = shard_batch(host_batch, mesh)
+            batch = shard_local_batch(host_batch, mesh)
             data_s = time.perf_counter() - t0
             state, metrics = step_fn(state, batch, task.frozen, base)
             if pending is not None:
@@ -151,7 +151,7 @@ def _validate(evaluate, params, frozen, cfg: RunConfig, tokenizer, mesh) -> dict
     numerator = denominator = 0.0
     sums: dict[str, float] = {}
     for host_batch in make_dataset(val_cfg, tokenizer, "val"):
-        num, den, weighted = jax.device_get(evaluate(params, shard_batch(host_batch, mesh), frozen))
+        num, den, weighted = jax.device_get(evaluate(params, shard_local_batch(host_batch, mesh), frozen))
         numerator += float(num)
         denominator += float(den)
         for k, v in weighted.items():

@@ -26,7 +26,7 @@ from rljax.train.run_sections import (
     RL_ALGORITHMS,
     SUPERVISED_ALGORITHMS,
     SUPERVISED_DATA_FORMAT,
-    ModelSection,
+    ModelRunConfig,
     TrainerConfig,
     batch_size_key,
     check_algorithm,
@@ -34,14 +34,14 @@ from rljax.train.run_sections import (
     unknown_algorithm,
 )
 
-__all__ = ["RunConfig", "ModelSection", "TrainerConfig", "SUPERVISED_ALGORITHMS", "unknown_algorithm"]
+__all__ = ["RunConfig", "ModelRunConfig", "TrainerConfig", "SUPERVISED_ALGORITHMS", "unknown_algorithm"]
 
 
 @dataclass(frozen=True)
 class RunConfig:
     """The supervised run (SFT, reward model, DPO): one field per top-level YAML section."""
 
-    model: ModelSection = field(default_factory=ModelSection)  # what to train
+    model: ModelRunConfig = field(default_factory=ModelRunConfig)  # what to train
     data: DataConfig = field(default_factory=DataConfig)  # files, format, lengths, batch size
     optim: OptimConfig = field(default_factory=OptimConfig)  # optimizer and learning-rate schedule
     trainer: TrainerConfig = field(default_factory=TrainerConfig)  # the loop; trainer.algorithm: sft | rm | dpo

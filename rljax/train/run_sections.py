@@ -46,7 +46,7 @@ def float_dtype_problem(name: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class ModelSection:
+class ModelRunConfig:
     """The model to train (verl: `actor_rollout_ref.model`)."""
 
     path: str = ""  # HF folder (config.json + safetensors); empty: random init from hf_config

@@ -20,7 +20,7 @@ from rljax.models.lora import add_adapters, split_trainable
 from rljax.models.lora_peft import load_peft_adapters
 from rljax.models.transformer import Decoder
 from rljax.parallel import MeshConfig, make_mesh, optimizer_shardings, replicated, sharded_init, state_shardings
-from rljax.train.run_config import ModelSection
+from rljax.train.run_config import ModelRunConfig
 from rljax.train.steps import TrainState, init_train_state
 
 # Dense bf16 peak FLOP/s per chip, from the vendors' spec sheets; for perf/mfu.
@@ -46,7 +46,7 @@ def peak_flops(configured: float = 0.0) -> float:
     return 0.0
 
 
-def model_config_from_section(section: ModelSection, tokenizer) -> ModelConfig:
+def model_config_from_section(section: ModelRunConfig, tokenizer) -> ModelConfig:
     """An HF-style config dict completed from the tokenizer (vocab size, special ids)."""
     hf = dict(section.hf_config)
     if "vocab_size" not in hf:
@@ -66,7 +66,7 @@ def _default_mesh() -> Mesh:
     return active if not active.empty else make_mesh(MeshConfig())
 
 
-def build_decoder(section: ModelSection, tokenizer, *, weights: bool = True, mesh: Mesh | None = None) -> Decoder:
+def build_decoder(section: ModelRunConfig, tokenizer, *, weights: bool = True, mesh: Mesh | None = None) -> Decoder:
     """The configured decoder, created directly in its sharded layout on `mesh`: loaded
     from `model.path` (each process reads only its shards) or randomly initialised (one
     jitted call with out_shardings). Without `mesh`: the active mesh, else fsdp over all

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from rljax.agent import AgentConfig, Environment, EnvStep, Episode, pack_trajectories, run_episodes
-from rljax.agent.chat import TRUNCATION_NOTE, ChatFormatter, ChatTemplateError
+from rljax.agent.chat_deltas import TRUNCATION_NOTE, ChatFormatter, ChatTemplateError
 from rljax.bench.scripted_agent import ScriptedSampler
 from rljax.agent.tools import CalculatorTool
 from rljax.agent.trajectory import OBSERVATION, SAMPLED

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from rljax.algos import (
     LOSS_AGG_MODES,
     POLICY_LOSS_REGISTRY,
-    PolicyLossConfig,
+    PolicyLossParams,
     add_terms,
     compute_policy_loss_cispo,
     compute_policy_loss_clip_cov,
@@ -28,7 +28,7 @@ from rljax.algos import (
     loss_denominator,
 )
 
-CFG = PolicyLossConfig(clip_ratio=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)  # clip to [0.8, 1.28]
+CFG = PolicyLossParams(clip_ratio=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)  # clip to [0.8, 1.28]
 
 
 def _close(x, y, tol=1e-5):
@@ -90,7 +90,7 @@ def test_vanilla_log_ratio_clamp_weights_and_config():
     loss, _ = J(compute_policy_loss_vanilla, OLD, LOGP, ADV, MASK, config={"clip_ratio": 0.2, "clip_ratio_high": 0.28})
     _close(loss, VANILLA)
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        compute_policy_loss_vanilla(OLD, LOGP, ADV, MASK, config=PolicyLossConfig(clip_ratio_c=1.0))
+        compute_policy_loss_vanilla(OLD, LOGP, ADV, MASK, config=PolicyLossParams(clip_ratio_c=1.0))
 
 
 # ---------------------------------------------------------------- GSPO
@@ -180,7 +180,7 @@ def test_clip_cov_selects_at_most_n():
     adv = np.array([[3.0, 2.0, -2.5, -2.5]])
     logp = np.array([[-0.5, -0.25, -1.75, -1.75]])
     for ratio, key, fraction in ((0.25, None, 0.25), (0.5, jax.random.PRNGKey(1), 0.5)):
-        cfg = PolicyLossConfig(clip_cov_ratio=ratio, clip_cov_lb=1.0, clip_cov_ub=5.0)
+        cfg = PolicyLossParams(clip_cov_ratio=ratio, clip_cov_lb=1.0, clip_cov_ub=5.0)
         _, metrics = J(compute_policy_loss_clip_cov, logp, logp, adv, np.ones((1, 4)), config=cfg, key=key)
         _close(metrics["actor/pg_clipfrac"], fraction)
 
@@ -188,7 +188,7 @@ def test_clip_cov_selects_at_most_n():
 def test_kl_cov_penalises_top_covariance_token():
     # kl_cov_ratio 0.25 of 4 tokens -> k = 1: token 0 (cov 2.25). old = log pi - (0.1, 0, 0, 0)
     # token 0: -3 e^0.1 + 1 * |0.1|;  others: -A * 1 = 1
-    cfg = PolicyLossConfig(kl_cov_ratio=0.25, ppo_kl_coef=1.0)
+    cfg = PolicyLossParams(kl_cov_ratio=0.25, ppo_kl_coef=1.0)
     old = C_LOGP - np.array([[0.1, 0.0, 0.0, 0.0]])
     loss, metrics = J(compute_policy_loss_kl_cov, old, C_LOGP, C_ADV, C_MASK, config=cfg)
     _close(loss, (-3 * math.exp(0.1) + 0.1 + 3.0) / 4)
@@ -317,7 +317,7 @@ def test_gspo_and_gmpo_declare_their_fixed_mode():
 
 def test_config_is_typed():
     # None gives the defaults; a misspelt field of a mapping is an error, not a silent default
-    assert PolicyLossConfig.of(None) == PolicyLossConfig()
-    assert PolicyLossConfig.of({"clip_ratio_high": 0.28}).clip_bounds() == (0.2, 0.28)
+    assert PolicyLossParams.of(None) == PolicyLossParams()
+    assert PolicyLossParams.of({"clip_ratio_high": 0.28}).clip_bounds() == (0.2, 0.28)
     with pytest.raises(TypeError, match="clip_ratoi"):
         compute_policy_loss_vanilla(OLD, LOGP, ADV, MASK, config={"clip_ratoi": 0.1})

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import rljax.algos as A
-from rljax.algos import POLICY_LOSS_REGISTRY, PolicyLossConfig
+from rljax.algos import POLICY_LOSS_REGISTRY, PolicyLossParams
 
 VERL_PIN = "verl==0.9.1"
 P = inspect.Parameter
@@ -198,11 +198,11 @@ def test_kl_cov_reads_the_policy_loss_sub_config():
 @pytest.mark.parametrize("name", sorted(POLICY_LOSS_REGISTRY))
 def test_every_policy_loss_reads_verl_actor_config(name):
     # the attribute object's values, not the defaults, reach the loss: it equals the loss
-    # with the same knobs as a PolicyLossConfig
+    # with the same knobs as a PolicyLossParams
     actor = _actor(clip_ratio=0.1, clip_ratio_high=0.15, clip_ratio_c=2.0)
-    same = PolicyLossConfig(clip_ratio=0.1, clip_ratio_high=0.15, clip_ratio_c=2.0, clip_cov_ratio=0.5,
+    same = PolicyLossParams(clip_ratio=0.1, clip_ratio_high=0.15, clip_ratio_c=2.0, clip_cov_ratio=0.5,
                             clip_cov_lb=-10.0, clip_cov_ub=10.0, kl_cov_ratio=0.5, ppo_kl_coef=0.7)  # fmt: skip
-    assert PolicyLossConfig.of(actor) == same
+    assert PolicyLossParams.of(actor) == same
     rng = np.random.default_rng(0)
     logp = OLD + rng.normal(scale=0.5, size=OLD.shape)
     fn = POLICY_LOSS_REGISTRY[name].fn
@@ -215,9 +215,9 @@ def test_policy_loss_config_reads_mappings_with_policy_loss_and_rljax_actor_conf
     from rljax.rl.actor_config import ActorConfig
 
     nested = {"clip_ratio": 0.3, "policy_loss": {"ppo_kl_coef": 0.5}, "ppo_epochs": 1}
-    assert PolicyLossConfig.of(nested) == PolicyLossConfig(clip_ratio=0.3, ppo_kl_coef=0.5)
+    assert PolicyLossParams.of(nested) == PolicyLossParams(clip_ratio=0.3, ppo_kl_coef=0.5)
     rljax_actor = ActorConfig(clip_ratio_high=0.28)
-    assert PolicyLossConfig.of(rljax_actor) == rljax_actor.loss_config
+    assert PolicyLossParams.of(rljax_actor) == rljax_actor.loss_config
 
 
 def test_agg_loss_takes_verl_global_batch_arguments():

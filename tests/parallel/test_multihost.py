@@ -35,7 +35,7 @@ OVERRIDES = ["trainer.total_steps=3", "data.batch_size=16", "trainer.logger=[jso
 def ragged_rows(path) -> str:
     """Rows go to processes round-robin (row i to process i % 2): process 0 gets short
     conversations (one 32-token bucket), process 1 long ones (the 64-token bucket), so
-    the processes pick different lengths unless `shard_batch` makes them agree."""
+    the processes pick different lengths unless `shard_local_batch` makes them agree."""
     rows = []
     for i in range(48):
         a, b = i % 7, i % 5

@@ -1,7 +1,7 @@
 """RL on 2 processes x 4 CPU devices (jax.distributed over gloo) equals RL on 1 process x 8
 devices: the same config with 4 rollout replicas of 2 devices (2 per process, none
 spanning processes), fsdp training over all 8 devices. Every process reads the whole
-prompt batch, runs its replicas' rounds, and gathers the rest; the sampled tokens (seen
+prompt batch, runs its replicas' rollouts, and gathers the rest; the sampled tokens (seen
 through the rewards and lengths), losses and checkpoints must agree.
 
 Two runs:

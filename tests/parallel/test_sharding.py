@@ -9,7 +9,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from rljax.models import ModelConfig, init_model
-from rljax.parallel import (MeshConfig, ShardingError, constrain, gather_weight, make_mesh, measured_bytes, shard_batch,
+from rljax.parallel import (MeshConfig, ShardingError, constrain, gather_weight, make_mesh, measured_bytes, shard_local_batch,
                             sharded_init, state_shardings)
 
 CONFIG = ModelConfig(model_type="qwen2", vocab_size=128, hidden_size=64, intermediate_size=128,
@@ -65,7 +65,7 @@ def test_batch_that_does_not_divide_fails_naming_batch_size_and_mesh():
     mesh = mesh_of(data=2, fsdp=4)
     batch = {"input_ids": np.zeros((6, 4), np.int32)}
     with pytest.raises(ShardingError, match=r"batch\['input_ids'\] of size 6 .* data-parallel size 8 .*data=2, fsdp=4"):
-        shard_batch(batch, mesh)
+        shard_local_batch(batch, mesh)
     with pytest.raises(ShardingError, match=r"needs 4 devices, 8 are available"):
         mesh_of(data=2, fsdp=2)
 

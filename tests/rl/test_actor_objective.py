@@ -15,9 +15,9 @@ from flax import nnx
 
 from rljax.algos.kl import kl_from_hidden
 from rljax.models import ModelConfig, init_model
-from rljax.parallel import MeshConfig, make_mesh, shard_batch, state_shardings
-from rljax.rl.config import ActorConfig, PolicyLossSection, RolloutCorrectionSection
-from rljax.rl.objectives import ActorBatch, actor_objective
+from rljax.parallel import MeshConfig, make_mesh, shard_local_batch, state_shardings
+from rljax.rl.config import ActorConfig, PolicyLossConfig, RolloutCorrectionConfig
+from rljax.rl.actor_critic import ActorBatch, actor_objective
 from rljax.train.steps import init_train_state, make_train_step
 
 VOCAB = 32
@@ -58,7 +58,7 @@ def one_step(actor, num_micro, mesh=None, batch=None, frozen=None, state=None, c
     batch = batch or actor_batch()
     if mesh is not None:
         params = jax.device_put(params, state_shardings(params, mesh))
-        batch = shard_batch(batch, mesh)
+        batch = shard_local_batch(batch, mesh)
         if frozen is not None:
             frozen = jax.device_put(frozen, state_shardings(frozen, mesh))
     batch = ActorBatch(**batch)
@@ -99,7 +99,7 @@ def test_clip_cov_selection_is_drawn_per_step_from_the_state_rng():
     that admits every token, half of them. The subset must change from step to step (a
     fixed key would repeat it) and be a function of the TrainState (so a resumed run,
     which restores rng and step, draws the same)."""
-    actor = ActorConfig(policy_loss=PolicyLossSection(loss_mode="clip_cov", clip_cov_ratio=0.5,
+    actor = ActorConfig(policy_loss=PolicyLossConfig(loss_mode="clip_cov", clip_cov_ratio=0.5,
                                                       clip_cov_lb=-1e9, clip_cov_ub=1e9), clip_ratio=10.0)
     batch = actor_batch()
     _, params = nnx.split(init_model(CONFIG, seed=0))
@@ -206,7 +206,7 @@ def test_bypass_reinforce_weights_and_rejection_from_the_current_policy():
     m = batch["response_mask"]
     log_rho = np.random.RandomState(2).choice([-1.0, -0.3, 0.0, 0.3, 0.6], size=m.shape).astype(np.float32)
     batch["old_log_probs"] = ((logp - log_rho) * m).astype(np.float32)  # the sampler's, in bypass mode
-    corr = RolloutCorrectionSection(bypass_mode=True, loss_type="reinforce", rollout_is="token",
+    corr = RolloutCorrectionConfig(bypass_mode=True, loss_type="reinforce", rollout_is="token",
                                     rollout_is_threshold=1.5, rollout_rs="token_k1", rollout_rs_threshold="0.5_1.6")
     _, metrics = one_step(ActorConfig(), 1, batch=batch, correction=corr)
     rho = np.exp(log_rho)

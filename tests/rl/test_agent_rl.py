@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from rljax.agent import AgentConfig, Episode, run_episodes
-from rljax.agent.chat import ChatFormatter
+from rljax.agent.chat_deltas import ChatFormatter
 from rljax.bench.scripted_agent import ScriptedSampler
 from rljax.agent.tools.registry import load_tools
 from rljax.config import load_config

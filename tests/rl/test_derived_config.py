@@ -43,12 +43,12 @@ def test_validation_with_bucket_size_zero_pads_every_batch_to_the_row():
     tok = build_char_tokenizer()
     prompts = prompts_of(tok, ["1+1=", "2+2="], ["2", "4"])
 
-    def round_fn(batch, params, offset):
+    def rollout_fn(batch, params, offset):
         return ScoredRollout([], {}, [{"data_source": "toy", "prompt_index": offset + i, "score": 1.0,
                                        "solution_str": a} for i, a in enumerate(batch["ground_truth"])])
 
     log_probs = RecordingLogProbs()
-    metrics = validate(cfg, tok, round_fn, log_probs, params=None, batches=[prompts])
+    metrics = validate(cfg, tok, rollout_fn, log_probs, params=None, batches=[prompts])
     assert log_probs.shapes == [(2, 12)]
     assert metrics["val-aux/toy/reference/nll"] == pytest.approx(0.5)
     assert metrics["val-aux/toy/reference/ppl"] == pytest.approx(np.exp(0.5))

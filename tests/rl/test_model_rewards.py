@@ -37,7 +37,7 @@ from rljax.models.heads import ScalarHeadModel
 from rljax.rewards import GenerativeVerifier, parse_yes_no
 from rljax.rewards.manager import RewardManager
 from rljax.rl.batch import Sample, build_batch
-from rljax.rl.config import RLConfig, RewardModelSection, VerifierSection
+from rljax.rl.config import RLConfig, RewardModelConfig, VerifierConfig
 from rljax.rl.model_rewards import ModelRewards, build_model_rewards
 from rljax.rl.scoring import generate_and_score
 from rljax.rl.trainer import RLTrainer
@@ -180,7 +180,7 @@ def rl_config(reward: dict) -> RLConfig:
 def test_config_sections_and_errors(rm_dirs, tmp_path, tok):
     cfg = rl_config({"reward_model": {"enable": True, "path": "/nowhere/rm", "combine": "add", "weight": 0.5},
                      "verifier": {"enable": False, "parse": "score"}})
-    assert cfg.reward.reward_model == RewardModelSection(enable=True, path="/nowhere/rm", combine="add", weight=0.5)
+    assert cfg.reward.reward_model == RewardModelConfig(enable=True, path="/nowhere/rm", combine="add", weight=0.5)
     assert cfg.reward.verifier.path == "policy" and cfg.reward.verifier.parse == "score"
     assert build_model_rewards(rl_config({}), tok) is None  # neither enabled: the hot path is unchanged
     with pytest.raises(ConfigError, match=r"reward\.reward_model\.path='/nowhere/rm': no such directory"):
@@ -327,15 +327,15 @@ def test_grpo_step_rewards_are_reward_model_scores(tmp_path, rm_dirs, tok):
         metrics = trainer.step()
         # the same trainer, now with the policy grading its own samples (verifier.path: policy)
         judge_cfg = dataclasses.replace(cfg, reward=dataclasses.replace(
-            cfg.reward, reward_model=RewardModelSection(),
-            verifier=VerifierSection(enable=True, prompt_template="Q:{question} A:{answer} R:{ground_truth} ok?",
+            cfg.reward, reward_model=RewardModelConfig(),
+            verifier=VerifierConfig(enable=True, prompt_template="Q:{question} A:{answer} R:{ground_truth} ok?",
                                      max_tokens=4, max_model_len=96, max_num_seqs=8, num_pages=32,
                                      combine="add", weight=2.0)))
         policy = nnx.merge(trainer.actor.graphdef, trainer.actor.state.params)
         trainer.generation.model_rewards.close()
         trainer.generation.model_rewards = build_model_rewards(judge_cfg, trainer.tokenizer, policy,
                                                                lambda: trainer.actor.state.params, trainer.mesh)
-        judged = trainer.generate_round(next(trainer.train_data), cfg.sampling_params(step=1), 0)
+        judged = trainer.run_rollout(next(trainer.train_data), cfg.sampling_params(step=1), 0)
     finally:
         trainer.close()
 

@@ -12,9 +12,9 @@ from flax import nnx
 
 from rljax.algos.router_loss import load_balancing_loss
 from rljax.models import ModelConfig, init_model
-from rljax.parallel import MeshConfig, make_mesh, shard_batch, state_shardings
+from rljax.parallel import MeshConfig, make_mesh, shard_local_batch, state_shardings
 from rljax.rl.config import ActorConfig
-from rljax.rl.objectives import ActorBatch, actor_objective
+from rljax.rl.actor_critic import ActorBatch, actor_objective
 from rljax.train.steps import init_train_state, make_train_step
 from tests.rl.test_actor_objective import CONFIG as DENSE, actor_batch
 
@@ -34,7 +34,7 @@ def one_step(actor, mesh=None, config=MOE):
         params = jax.device_put(params, state_shardings(params, mesh))
         gate = params["layers"]["expert_gate"][...]
         assert gate.sharding.shard_shape(gate.shape)[1] == 8 // mesh.shape["fsdp"]  # experts split
-        return jax.device_get(step(init_train_state(params, optax.sgd(1.0)), ActorBatch(**shard_batch(batch, mesh)),
+        return jax.device_get(step(init_train_state(params, optax.sgd(1.0)), ActorBatch(**shard_local_batch(batch, mesh)),
                                    None, None))
 
 

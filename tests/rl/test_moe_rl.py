@@ -12,7 +12,7 @@ from flax import nnx
 
 from rljax.config import load_config
 from rljax.rl.config import RLConfig
-from rljax.rl.objectives import ActorBatch, actor_objective
+from rljax.rl.actor_critic import ActorBatch, actor_objective
 from rljax.rl.trainer import RLTrainer
 
 from .test_rl_train import capture_batches, make_config

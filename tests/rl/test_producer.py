@@ -1,8 +1,8 @@
-"""The rollout producer without a model: a scripted round function stands in for the
-sampler. Depth 0 returns exactly the rounds' samples, in order, stamped with the policy
+"""The rollout producer without a model: a scripted rollout function stands in for the
+sampler. Depth 0 returns exactly the rollouts' samples, in order, stamped with the policy
 version they were submitted with; rollouts come back in submission order; dynamic
 sampling starts from the submitted prompts and draws the rest from the data; ReMax's
-greedy round sets each sample's baseline."""
+greedy rollout sets each sample's baseline."""
 
 import pytest
 
@@ -13,8 +13,8 @@ from rljax.rl.scoring import ScoredRollout
 from rljax.rollout.params import SamplingParams
 
 
-class Rounds:
-    """Round r of prompts [p0, p1, ...]: n samples per prompt, group offset + i, scored by
+class Rollouts:
+    """Rollout r of prompts [p0, p1, ...]: n samples per prompt, group offset + i, scored by
     a table; records every call."""
 
     def __init__(self, scores=None):
@@ -34,13 +34,13 @@ def prompts(*ids):
 
 
 def test_depth_zero_is_the_round_itself_stamped_with_its_version():
-    rounds = Rounds()
-    producer = SyncProducer(rounds, lambda: pytest.fail("no further prompts at depth 0"), num_groups=2)
+    rollouts = Rollouts()
+    producer = SyncProducer(rollouts, lambda: pytest.fail("no further prompts at depth 0"), num_groups=2)
     params = SamplingParams(n=3, temperature=1.0)
     producer.submit(prompts(4, 7), policy_version=5, params=params)
     rollout = producer.collect()
-    direct = Rounds()(prompts(4, 7), params, 0)
-    assert rounds.calls == [([4, 7], params, 0)]
+    direct = Rollouts()(prompts(4, 7), params, 0)
+    assert rollouts.calls == [([4, 7], params, 0)]
     assert [(s.prompt_ids, s.response_ids, s.group_id, s.score) for s in rollout.samples] == [
         (s.prompt_ids, s.response_ids, s.group_id, s.score) for s in direct.samples]
     assert rollout.metrics == direct.metrics and rollout.records == direct.records
@@ -50,7 +50,7 @@ def test_depth_zero_is_the_round_itself_stamped_with_its_version():
 
 
 def test_rollouts_come_back_in_submission_order():
-    producer = SyncProducer(Rounds(), lambda: None, num_groups=1)
+    producer = SyncProducer(Rollouts(), lambda: None, num_groups=1)
     params = SamplingParams(n=1)
     for version, prompt in ((0, 1), (1, 2), (2, 3)):
         producer.submit(prompts(prompt), version, params)
@@ -62,13 +62,13 @@ def test_dynamic_sampling_starts_from_the_submitted_prompts():
     """Prompt 1's group is uninformative (every score 1.0), prompt 2's too; the data's
     next batch (prompts 3, 4) brings two informative groups."""
     flat = {(p, j, 1.0): 1.0 for p in (1, 2) for j in range(2)}
-    rounds = Rounds(flat)
+    rollouts = Rollouts(flat)
     data = iter([prompts(3, 4), prompts(5, 6)])
-    producer = SyncProducer(rounds, lambda: next(data), num_groups=2, filter_groups=FilterGroupsConfig(enable=True))
+    producer = SyncProducer(rollouts, lambda: next(data), num_groups=2, filter_groups=FilterGroupsConfig(enable=True))
     params = SamplingParams(n=2, temperature=1.0)
     producer.submit(prompts(1, 2), 7, params)
     rollout = producer.collect()
-    assert [c[0] for c in rounds.calls] == [[1, 2], [3, 4]] and [c[2] for c in rounds.calls] == [0, 2]
+    assert [c[0] for c in rollouts.calls] == [[1, 2], [3, 4]] and [c[2] for c in rollouts.calls] == [0, 2]
     assert sorted({s.prompt_ids[0] for s in rollout.samples}) == [3, 4]
     assert rollout.metrics["train/num_gen_batches"] == 2.0
     assert {s.policy_version for s in rollout.samples} == {7}
@@ -77,11 +77,11 @@ def test_dynamic_sampling_starts_from_the_submitted_prompts():
 
 def test_greedy_round_gives_each_sample_its_prompts_baseline():
     greedy = {(4, 0, 0.0): 0.25, (7, 0, 0.0): 0.75}
-    rounds = Rounds(greedy)
-    producer = SyncProducer(rounds, lambda: None, num_groups=2, greedy_baseline=True)
+    rollouts = Rollouts(greedy)
+    producer = SyncProducer(rollouts, lambda: None, num_groups=2, greedy_baseline=True)
     params = SamplingParams(n=2, temperature=1.0)
     producer.submit(prompts(4, 7), 0, params)
     rollout = producer.collect()
-    assert rounds.calls[1] == ([4, 7], SamplingParams(n=1, temperature=0.0), 0)
+    assert rollouts.calls[1] == ([4, 7], SamplingParams(n=1, temperature=0.0), 0)
     assert [(s.prompt_ids[0], s.baseline) for s in rollout.samples] == [(4, 0.25), (4, 0.25), (7, 0.75), (7, 0.75)]
     assert rollout.metrics["critic/reward_baseline/mean"] == 0.5

@@ -37,7 +37,7 @@ def test_one_two_four_eight_replicas_sample_the_same_tokens(tmp_path):
         generation = Generation(_replica_config(cfg, replicas), decoder, tokenizer)
         try:
             assert generation.replicas.layout.num_replicas == replicas
-            rollout = generation.round(prompts, params, offset=5)
+            rollout = generation.rollout(prompts, params, offset=5)
         finally:
             generation.close()
         results[replicas] = rollout

@@ -20,7 +20,7 @@ from rljax.rl.request_streams import TRAIN, VALIDATION, request_stream
 from rljax.rollout import KVCacheConfig, Sampler, SamplerConfig
 from rljax.rollout.params import SamplingParams
 from rljax.rollout.sampling import row_keys
-from rljax.train.run_config import ModelSection
+from rljax.train.run_config import ModelRunConfig
 from rljax.train.setup import build_decoder
 from tests.tiny_models import tiny_qwen2_hf
 
@@ -45,7 +45,7 @@ class ThreeTurns(Environment):
 @pytest.fixture(scope="module")
 def tiny():
     tok = build_char_tokenizer()
-    section = ModelSection(tokenizer="char", hf_config=tiny_qwen2_hf())
+    section = ModelRunConfig(tokenizer="char", hf_config=tiny_qwen2_hf())
     decoder = build_decoder(section, tok)
     config = SamplerConfig(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256,
                            kv_cache=KVCacheConfig(page_size=8, num_pages=128))

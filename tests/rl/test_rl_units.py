@@ -24,7 +24,7 @@ def test_build_batch_follows_the_data_contract():
     np.testing.assert_array_equal(batch.group_ids, [0, 1])
 
 
-def _round(scores_per_group, offset, acc_per_group=None):
+def _rollout(scores_per_group, offset, acc_per_group=None):
     samples = [Sample([1], [2], [1], [0.0], group_id=offset + g, score=s)
                for g, scores in enumerate(scores_per_group) for s in scores]
     acc = [a for accs in (acc_per_group or scores_per_group) for a in accs]
@@ -32,36 +32,36 @@ def _round(scores_per_group, offset, acc_per_group=None):
 
 
 def test_dynamic_sampling_fills_the_batch_with_informative_groups():
-    # round 1: groups 0 and 2 informative; round 2: only group 1 informative
-    rounds = iter([[[1, 0], [1, 1], [0, 1]], [[0, 0], [1, 0], [1, 1]]])
-    out = dynamic_sampling(lambda: None, lambda prompts, offset: _round(next(rounds), offset), num_groups=3,
-                           max_rounds=4)
+    # rollout 1: groups 0 and 2 informative; rollout 2: only group 1 informative
+    rollouts = iter([[[1, 0], [1, 1], [0, 1]], [[0, 0], [1, 0], [1, 1]]])
+    out = dynamic_sampling(lambda: None, lambda prompts, offset: _rollout(next(rollouts), offset), num_groups=3,
+                           max_gen_batches=4)
     kept, dropped = keep_informative_groups(out.samples, [x.score for x in out.samples])
     assert len(out.samples) == 6 and len(kept) == 3 and not dropped
     assert out.metrics["train/num_gen_batches"] == 2 and out.metrics["train/filter_groups_underfilled"] == 0
 
 
 def test_dynamic_sampling_tops_up_when_rounds_run_out():
-    out = dynamic_sampling(lambda: None, lambda prompts, offset: _round([[1, 1], [0, 1]], offset), num_groups=2,
-                           max_rounds=1)
+    out = dynamic_sampling(lambda: None, lambda prompts, offset: _rollout([[1, 1], [0, 1]], offset), num_groups=2,
+                           max_gen_batches=1)
     assert len(out.samples) == 4  # shape kept: 1 informative group + 1 uninformative filler
     assert out.metrics["train/filter_groups_underfilled"] == 1
 
 
 def test_dynamic_sampling_combines_round_metrics_by_their_reduction():
-    # two rounds of 4 samples: overlong 0.5 then 1.0 -> 0.75 over the 8 samples (not 1.5);
-    # errors 1 then 2 -> 3; a max stays the max; a mean is weighted by the rounds' samples
+    # two rollouts of 4 samples: overlong 0.5 then 1.0 -> 0.75 over the 8 samples (not 1.5);
+    # errors 1 then 2 -> 3; a max stays the max; a mean is weighted by the rollouts' samples
     metrics = iter([{"reward/overlong_frac": 0.5, "reward/errors": 1.0, "agent/num_turns/max": 4.0,
                      "agent/tool_use_rate": 0.25},
                     {"reward/overlong_frac": 1.0, "reward/errors": 2.0, "agent/num_turns/max": 2.0,
                      "agent/tool_use_rate": 1.0}])
 
-    def round_fn(prompts, offset):
-        rollout = _round([[1, 1], [0, 0]], offset) if offset == 0 else _round([[1, 0], [0, 1]], offset)
+    def rollout_fn(prompts, offset):
+        rollout = _rollout([[1, 1], [0, 0]], offset) if offset == 0 else _rollout([[1, 0], [0, 1]], offset)
         rollout.metrics = next(metrics)
         return rollout
 
-    out = dynamic_sampling(lambda: None, round_fn, num_groups=2, max_rounds=2)
+    out = dynamic_sampling(lambda: None, rollout_fn, num_groups=2, max_gen_batches=2)
     assert out.metrics["train/num_gen_batches"] == 2
     assert out.metrics["reward/overlong_frac"] == 0.75
     assert out.metrics["reward/errors"] == 3.0
@@ -74,13 +74,13 @@ def test_dynamic_sampling_filters_on_the_configured_metric():
     group 0's scores vary (a format bonus) but its accuracy does not, so it is dropped;
     group 1's accuracy varies, so it is kept."""
     scores, acc = [[1.0, 0.9], [1.0, 0.0]], [[1, 1], [1, 0]]
-    by_score = dynamic_sampling(lambda: None, lambda p, offset: _round(scores, offset, acc), num_groups=2,
-                                max_rounds=1, metric="score")
+    by_score = dynamic_sampling(lambda: None, lambda p, offset: _rollout(scores, offset, acc), num_groups=2,
+                                max_gen_batches=1, metric="score")
     assert by_score.metrics["train/filter_groups_underfilled"] == 0
-    by_acc = dynamic_sampling(lambda: None, lambda p, offset: _round(scores, offset, acc), num_groups=2,
-                              max_rounds=1, metric="acc")
+    by_acc = dynamic_sampling(lambda: None, lambda p, offset: _rollout(scores, offset, acc), num_groups=2,
+                              max_gen_batches=1, metric="acc")
     assert by_acc.metrics["train/filter_groups_underfilled"] == 1
     assert [s.score for s in by_acc.samples[:2]] == [1.0, 0.0]  # group 1 kept first, group 0 is the filler
     with pytest.raises(KeyError, match="filter_groups.metric='pred'"):
-        dynamic_sampling(lambda: None, lambda p, offset: _round(scores, offset, acc), num_groups=2,
-                         max_rounds=1, metric="pred")
+        dynamic_sampling(lambda: None, lambda p, offset: _rollout(scores, offset, acc), num_groups=2,
+                         max_gen_batches=1, metric="pred")

@@ -14,7 +14,7 @@ from rljax.config import load_config
 from rljax.rl.advantage_stage import AdvantageStage
 from rljax.rl.batch import BatchFields, Sample, StepBatch, abstract_batch, build_batch, take
 from rljax.rl.config import RLConfig
-from rljax.rl.objectives import ActorBatch, CriticBatch
+from rljax.rl.actor_critic import ActorBatch, CriticBatch
 
 ALWAYS = ["input_ids", "attention_mask", "response_mask", "rollout_log_probs", "token_level_scores", "group_ids",
           "old_log_probs", "token_level_rewards", "advantages", "returns"]

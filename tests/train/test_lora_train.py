@@ -20,7 +20,7 @@ from rljax.data import make_dataset
 from rljax.data.synthetic_spec import materialize
 from rljax.models import save_hf
 from rljax.models.lora import LoRAConfig
-from rljax.parallel import make_mesh, shard_batch
+from rljax.parallel import make_mesh, shard_local_batch
 from rljax.train.export import export_checkpoint
 from rljax.train.loop import train
 from rljax.train.objectives import sft_objective
@@ -133,7 +133,7 @@ def test_only_the_configured_adapters_train_the_base_stays_bit_identical_and_8_d
             step = make_train_step(graphdef, sft_objective(), optimizer, schedule)
             losses = []
             for batch in batches:
-                state, m = step(state, shard_batch(batch, mesh), None, base)
+                state, m = step(state, shard_local_batch(batch, mesh), None, base)
                 losses.append(float(m["train/loss"]))
             assert losses[-1] < losses[0]
             jax.tree.map(np.testing.assert_array_equal, jax.device_get(base), before)  # frozen: bit-identical

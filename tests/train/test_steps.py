@@ -8,7 +8,7 @@ from flax import nnx
 
 from rljax.algos.aggregation import AggTerms
 from rljax.models import ModelConfig, init_model
-from rljax.parallel import MeshConfig, make_mesh, shard_batch, state_shardings
+from rljax.parallel import MeshConfig, make_mesh, shard_local_batch, state_shardings
 from rljax.train.objectives import sft_objective
 from rljax.train.steps import init_train_state, make_train_step
 
@@ -40,7 +40,7 @@ def run_step(num_micro, mesh=None, batch=None, objective=None):
         params = jax.device_put(params, shardings)
         state = init_train_state(params, opt)
         step = make_train_step(graphdef, objective or sft_objective(), opt, sched, num_micro)
-        batch = shard_batch(batch, mesh)
+        batch = shard_local_batch(batch, mesh)
     else:
         state = init_train_state(params, opt)
         step = make_train_step(graphdef, objective or sft_objective(), opt, sched, num_micro)

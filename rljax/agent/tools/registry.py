@@ -40,12 +40,16 @@ from typing import Any, TypeVar
 import yaml
 
 from rljax.agent.tools.base import Tool
-from rljax.agent.tools.calculator import CalculatorTool
-from rljax.agent.tools.python_sandbox import PythonSandboxTool
-from rljax.agent.tools.sandbox_fusion import SandboxFusionTool
 
 T = TypeVar("T", bound=type[Tool])
-TOOL_CLASSES: dict[str, type[Tool]] = {}
+# registered name -> class; the built-ins as import paths, imported when first used (the
+# python tool pulls in the OS sandbox)
+TOOL_CLASSES: dict[str, type[Tool] | str] = {
+    "calculator": "rljax.agent.tools.calculator:CalculatorTool",
+    "python": "rljax.agent.tools.python_sandbox:PythonSandboxTool",
+    "code_interpreter": "rljax.agent.tools.python_sandbox:PythonSandboxTool",
+    "sandbox_fusion": "rljax.agent.tools.sandbox_fusion:SandboxFusionTool",
+}
 _ENTRY_KEYS = {"name", "class", "options", "schema"}
 
 
@@ -54,17 +58,20 @@ def register_tool(*names: str) -> Callable[[T], T]:
 
     def deco(cls: T) -> T:
         for n in names:
-            if n in TOOL_CLASSES and TOOL_CLASSES[n] is not cls:
-                raise ValueError(f"tool {n!r} is already registered as {TOOL_CLASSES[n]!r}")
+            if n in TOOL_CLASSES and tool_class(n) is not cls:
+                raise ValueError(f"tool {n!r} is already registered as {tool_class(n)!r}")
             TOOL_CLASSES[n] = cls
         return cls
 
     return deco
 
 
-register_tool("calculator")(CalculatorTool)
-register_tool("python", "code_interpreter")(PythonSandboxTool)
-register_tool("sandbox_fusion")(SandboxFusionTool)
+def tool_class(name: str) -> type[Tool]:
+    """The class registered as `name` (a built-in is imported here, once)."""
+    cls = TOOL_CLASSES[name]
+    if isinstance(cls, str):
+        cls = TOOL_CLASSES[name] = import_object(cls)
+    return cls
 
 
 def import_object(path: str) -> Any:
@@ -104,7 +111,7 @@ def build_tool(entry: Mapping[str, Any], where: str = "tools[0]") -> Tool:
     if "name" in entry:
         if entry["name"] not in TOOL_CLASSES:
             raise ValueError(f"{where}: unknown tool {entry['name']!r}; registered: {sorted(TOOL_CLASSES)}")
-        cls = TOOL_CLASSES[entry["name"]]
+        cls = tool_class(entry["name"])
     else:
         cls = import_object(entry["class"])
         if not (inspect.isclass(cls) and issubclass(cls, Tool)):

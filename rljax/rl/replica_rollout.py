@@ -1,9 +1,9 @@
 """Rollout replicas in the RL loop: one sampler per replica, weights handed off each step,
-a round's prompts spread over the replicas and the scored results gathered in order.
+a rollout's prompts spread over the replicas and the scored results gathered in order.
 
     step's prompts (identical on every process)
         ─► contiguous runs of groups per replica (a pure function of the prompts: `assign_groups`)
-        ─► each process runs its local replicas' rounds (one thread each: sample + score)
+        ─► each process runs its local replicas' rollouts (one thread each: sample + score)
         ─► scored slices gathered from every process (`allgather_objects`)
         ─► concatenated in replica order = prompt order: every process holds the same `ScoredRollout`
 
@@ -34,7 +34,7 @@ from rljax.rollout.replicas import ReplicaLayout
 from rljax.rollout.sampler import Sampler
 
 # (sampler, prompts, params, group offset) -> the scored samples of those prompts
-ReplicaRound = Callable[[Sampler, dict, SamplingParams, int], ScoredRollout]
+ReplicaRolloutFn = Callable[[Sampler, dict, SamplingParams, int], ScoredRollout]
 
 
 def select(prompts: dict[str, list], indices: Sequence[int]) -> dict[str, list]:
@@ -70,7 +70,7 @@ class ReplicatedRollout:
             with jax.set_mesh(layout.replicas[r]):  # a replica's programs live on its devices, not the run's mesh
                 self.samplers[r] = make_sampler(nnx.merge(self.graphdef, state))
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, len(self.local)), thread_name_prefix="rljax-replica")
-        self.main_thread = MainThreadCalls()  # what a round must run on the calling thread (inline rewards)
+        self.main_thread = MainThreadCalls()  # what a rollout must run on the calling thread (inline rewards)
 
     def update_params(self, params: nnx.State) -> HandOffReport:
         """Hand the policy's parameters (training layout) to every replica, in device
@@ -87,12 +87,12 @@ class ReplicatedRollout:
         groups = [Group(len(p), n, self.max_response_len) for p in prompts["prompt_ids"]]
         return assign_groups(groups, self.layout.num_replicas)
 
-    def run(self, round_fn: ReplicaRound, prompts: dict[str, list], params: SamplingParams,
+    def run(self, rollout_fn: ReplicaRolloutFn, prompts: dict[str, list], params: SamplingParams,
             offset: int = 0) -> ScoredRollout:
-        """`round_fn` over the prompts (groups numbered from `offset`), each replica's run of
+        """`rollout_fn` over the prompts (groups numbered from `offset`), each replica's run of
         them on its sampler; every process returns the same rollout, in prompt order."""
         shares = self.assign(prompts, params.n).per_replica
-        futures = {r: self._pool.submit(round_fn, self.samplers[r], select(prompts, shares[r]), params,
+        futures = {r: self._pool.submit(rollout_fn, self.samplers[r], select(prompts, shares[r]), params,
                                         offset + shares[r][0])
                    for r in self.local if shares[r]}
         self.main_thread.serve(futures.values())

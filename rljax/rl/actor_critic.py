@@ -18,7 +18,7 @@ micro-batches; this objective returns numerator = R * (its share of L) and denom
 its row count (R = rows in the mini-batch), so that ratio is exactly L.
 
 The policy-gradient term is multiplied by the rollout-correction IS weights
-(`algorithm.rollout_correction`, see `RolloutCorrectionSection`): in decoupled mode the
+(`algorithm.rollout_correction`, see `RolloutCorrectionConfig`): in decoupled mode the
 advantage stage computed them on the step batch (`rollout_is_weights`) and already
 removed rejected tokens from `response_mask`; in bypass mode they are computed here from
 the current policy. `key` (the step's PRNG key, `rljax.train.steps.step_key`) drives
@@ -53,7 +53,7 @@ from rljax.algos.router_loss import load_balancing_loss
 from rljax.algos.value import compute_value_loss
 from rljax.rl.advantage_stage import correction_kwargs
 from rljax.rl.batch import Array
-from rljax.rl.config import ActorConfig, CriticConfig, RolloutCorrectionSection
+from rljax.rl.config import ActorConfig, CriticConfig, RolloutCorrectionConfig
 
 sg = jax.lax.stop_gradient
 
@@ -95,7 +95,7 @@ def full_kl_to_reference(model, hidden, batch, reference_params, temperature: fl
                           temperature=temperature)
 
 
-def effective_loss_mode(actor: ActorConfig, correction: RolloutCorrectionSection) -> str:
+def effective_loss_mode(actor: ActorConfig, correction: RolloutCorrectionConfig) -> str:
     """The policy loss in use: verl's bypass mode with loss_type=reinforce replaces it."""
     if correction.bypass_mode and correction.loss_type == "reinforce":
         return "reinforce"
@@ -103,13 +103,13 @@ def effective_loss_mode(actor: ActorConfig, correction: RolloutCorrectionSection
 
 
 def actor_objective(actor: ActorConfig, temperature: float,
-                    correction: RolloutCorrectionSection | None = None) -> tuple[Callable, Callable]:
+                    correction: RolloutCorrectionConfig | None = None) -> tuple[Callable, Callable]:
     """-> (objective, totals_fn) for `make_train_step`, on `ActorBatch` mini-batches.
 
     The batch holds ref_log_probs for a per-token KL loss, rollout_is_weights in decoupled
     rollout correction with `rollout_is` set. `frozen` is the reference's params (a KL loss
     of type "full" runs the reference forward on them)."""
-    correction = correction or RolloutCorrectionSection()
+    correction = correction or RolloutCorrectionConfig()
     mode = actor.loss_agg_mode
     loss_mode = effective_loss_mode(actor, correction)
     loss_fn = get_policy_loss_fn(loss_mode)
