@@ -8,7 +8,13 @@ Vocabulary (fixed, identical on every call and every machine):
 * ids 0..4 are special tokens: `<|pad|>` (0), `<|endoftext|>` (1), `<|im_start|>` (2),
   `<|im_end|>` (3), `<|unk|>` (4);
 * ids 5.. are single characters: tab, newline, space, the ASCII digits, letters and
-  punctuation (`CHAR_ALPHABET`), in that order. Any other character maps to `<|unk|>`.
+  punctuation (`CHAR_ALPHABET`), in that order. Any other character is one `<|unk|>` per
+  byte of its UTF-8 encoding.
+
+The vocabulary is stored as a byte-level BPE without merges (GPT-2's byte-to-character
+table names each token: space is `Ġ`, newline `Ċ`, tab `ĉ`), so a transformers class that
+rebuilds a byte-level pipeline from the file (`Qwen2Tokenizer`, which `AutoTokenizer`
+picks beside a qwen2 `config.json`) encodes and decodes every text exactly as rljax does.
 
 `eos_token` is `<|im_end|>` (the end-of-turn token: a sampler stops on it), `pad_token`
 is `<|pad|>`, `bos_token` is None (nothing is prepended when encoding).
@@ -80,11 +86,19 @@ CHATML_TEMPLATE = (
 
 
 def char_vocab() -> dict[str, int]:
-    """The fixed token -> id table: special tokens first, then `CHAR_ALPHABET`."""
+    """The fixed character -> id table: special tokens first, then `CHAR_ALPHABET`."""
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in CHAR_ALPHABET:
         vocab[ch] = len(vocab)
     return vocab
+
+
+def byte_level_name(ch: str) -> str:
+    """The token string of ASCII character `ch` in a byte-level vocabulary (GPT-2's table:
+    printable characters are themselves, the others shifted past 255: " " -> "Ġ")."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return bytes_to_unicode()[ord(ch)]
 
 
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
@@ -175,11 +189,14 @@ def build_char_tokenizer(model_max_length: int = 1 << 20) -> PreTrainedTokenizer
     `save_pretrained(path)` / `load_hf_tokenizer(path)` round-trip (also beside a model's
     config.json, where `transformers.AutoTokenizer` would substitute the model type's class).
     """
-    vocab = char_vocab()
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
-    # Every character is its own pre-token; WordLevel then maps it to its id (or unk).
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
+    vocab = {byte_level_name(tok) if tok in CHAR_ALPHABET else tok: i for tok, i in char_vocab().items()}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK_TOKEN))
+    # Every character is its own pre-token, named byte by byte; with no merges each byte
+    # is a token (or unk).
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,

@@ -6,12 +6,16 @@ import string
 
 import pytest
 
-from rljax.data.tokenizer import CHAR_ALPHABET, SPECIAL_TOKENS, build_char_tokenizer, char_vocab
+from rljax.data.tokenizer import CHAR_ALPHABET, SPECIAL_TOKENS, build_char_tokenizer, byte_level_name, char_vocab
 
 
 def test_vocab_is_fixed_and_small(char_tok):
     again = build_char_tokenizer()
-    assert char_tok.get_vocab() == again.get_vocab() == char_vocab()
+    assert char_tok.get_vocab() == again.get_vocab()
+    # each character's id is its place in the alphabet; its token string GPT-2's byte-level name
+    assert {ch: char_tok.convert_tokens_to_ids(byte_level_name(ch)) for ch in CHAR_ALPHABET} == {
+        ch: i for ch, i in char_vocab().items() if ch in CHAR_ALPHABET}
+    assert [byte_level_name(c) for c in "\t\n a~"] == ["ĉ", "Ċ", "Ġ", "a", "~"]
     assert len(char_tok) == len(SPECIAL_TOKENS) + len(CHAR_ALPHABET) == 102
     assert [char_tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
     assert (char_tok.pad_token, char_tok.pad_token_id) == ("<|pad|>", 0)
@@ -26,7 +30,7 @@ def test_encode_decode_round_trip(char_tok):
     assert char_tok.decode(ids) == text
     ids = char_tok.encode("<|im_start|>a b<|im_end|>", add_special_tokens=False)
     assert ids == [2, char_tok.convert_tokens_to_ids("a"), 7, char_tok.convert_tokens_to_ids("b"), 3]
-    assert char_tok.encode("é", add_special_tokens=False) == [4]  # unknown -> <|unk|>
+    assert char_tok.encode("é", add_special_tokens=False) == [4, 4]  # unknown: <|unk|> per UTF-8 byte
 
 
 def test_chat_template(char_tok):
@@ -74,3 +78,34 @@ def test_load_beside_a_qwen2_model_config_keeps_the_ids(tmp_path, char_tok, monk
     assert loaded.encode(text, add_special_tokens=False) == char_tok.encode(text, add_special_tokens=False)
     assert loaded.get_vocab() == char_tok.get_vocab()
     assert loaded.chat_template == char_tok.chat_template
+
+
+def _training_texts() -> list[str]:
+    """Every synthetic task's SFT conversations, rendered with the chat template."""
+    from rljax.data.synthetic import TASKS, make_rows
+
+    char_tok = build_char_tokenizer()
+    return [char_tok.apply_chat_template(row["messages"], tokenize=False)
+            for task in TASKS for row in make_rows("sft", 20, seed=3, task=task)] + [
+        "\t\n  two spaces\n\nblank line", string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", "")]
+
+
+@pytest.mark.parametrize("model_type", sorted(__import__("rljax.models.config", fromlist=["FAMILIES"]).FAMILIES))
+def test_an_exported_char_tokenizer_reads_every_training_text_exactly_in_transformers(tmp_path, monkeypatch,
+                                                                                      model_type):
+    """What `rljax export` writes beside each model family's config.json, loaded with plain
+    `AutoTokenizer` (which substitutes its own class for some model types, e.g. qwen2):
+    the same ids and the same decoded text, newlines and runs of spaces included."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    char_tok = build_char_tokenizer()
+    char_tok.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path))
+    for text in _training_texts():
+        ids = char_tok.encode(text, add_special_tokens=False)
+        assert loaded.encode(text, add_special_tokens=False) == ids, (type(loaded).__name__, text)
+        assert loaded.decode(ids) == char_tok.decode(ids) == text
