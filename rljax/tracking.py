@@ -1,6 +1,7 @@
 """Metric logging: tensorboardX event files, `metrics.jsonl` (one JSON object per step)
 and a console progress line, from process 0 only. Metric names follow verl
-(`train/loss`, `train/lr`, `perf/throughput`, `timing_s/step`, ...)."""
+(`actor/grad_norm`, `actor/lr`, `perf/throughput`, `timing_s/step`, ...; the supervised
+loop's `train/loss`, `train/lr`); `docs/runs.md` lists them."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from rljax.distributed import is_coordinator
 # (`val-core/{data_source}/acc/mean@k`) follows when a step computed it.
 CONSOLE_KEYS = (
     ("critic/score/mean", "score"), ("response_length/mean", "resp_len"), ("train/loss", "loss"),
-    ("actor/pg_loss", "pg_loss"), ("train/grad_norm", "grad_norm"), ("train/lr", "lr"),
+    ("actor/loss", "loss"), ("actor/pg_loss", "pg_loss"), ("train/grad_norm", "grad_norm"),
+    ("actor/grad_norm", "grad_norm"), ("train/lr", "lr"), ("actor/lr", "lr"),
     ("perf/throughput", "tok/s/dev"), ("val/loss", "val_loss"),
 )
 VALIDATION_PREFIX = "val-core/"

@@ -16,16 +16,28 @@ from typing import Any
 
 HELP = "Plot a run's metrics.jsonl (reward, KL, entropy, length, clip fraction, loss, validation) as PNGs."
 
-# group name -> (title, metric names or glob patterns)
-GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "reward": ("Reward", ("critic/score/mean", "critic/rewards/mean")),
-    "kl": ("KL", ("actor/ppo_kl", "actor/kl_loss")),
-    "entropy": ("Entropy", ("actor/entropy",)),
-    "response_length": ("Response length", ("response_length/mean",)),
-    "clipfrac": ("Clip fraction", ("actor/pg_clipfrac",)),
-    "loss": ("Loss", ("train/loss",)),
-    "validation": ("Validation (val-core)", ("val-core/*",)),
+# group name -> (title, y-axis label with its unit, metric names or glob patterns)
+GROUPS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "reward": ("Reward", "mean score per response", ("critic/score/mean", "critic/rewards/mean")),
+    "kl": ("KL", "nats per token", ("actor/ppo_kl", "actor/kl_loss")),
+    "entropy": ("Entropy", "nats per token", ("actor/entropy",)),
+    "response_length": ("Response length", "tokens", ("response_length/mean",)),
+    "clipfrac": ("Clip fraction", "fraction of tokens", ("actor/pg_clipfrac",)),
+    "loss": ("Loss", "loss (nats per token for SFT)", ("train/loss", "actor/loss", "critic/loss")),
+    "validation": ("Validation (val-core)", "held-out accuracy", ("val-core/*",)),
 }
+SMOOTHING = 0.8  # weight of the past in the plotted moving average (TensorBoard's slider)
+
+
+def smooth(values: list[float], weight: float = SMOOTHING) -> list[float]:
+    """Debiased exponential moving average, as TensorBoard smooths: with
+    m_i = w m_{i-1} + (1 - w) x_i, m_0 = 0, the plotted value is m_i / (1 - w^(i+1)),
+    so the first point is x_0 and no start-up bias pulls the line towards 0."""
+    out, m = [], 0.0
+    for i, x in enumerate(values):
+        m = weight * m + (1.0 - weight) * x
+        out.append(m / (1.0 - weight ** (i + 1)))
+    return out
 
 
 def add_arguments(parser) -> None:
@@ -64,7 +76,7 @@ def read_metrics(path: str) -> dict[str, tuple[list[float], list[float]]]:
 def group_series(series: dict[str, Any]) -> dict[str, list[str]]:
     """group -> present metric names (in declaration order; globs sorted)."""
     present: dict[str, list[str]] = {}
-    for group, (_, patterns) in GROUPS.items():
+    for group, (_, _, patterns) in GROUPS.items():
         names: list[str] = []
         for pattern in patterns:
             matches = sorted(k for k in series if fnmatch.fnmatchcase(k, pattern))
@@ -85,12 +97,17 @@ def _import_pyplot():
     return plt
 
 
-def _draw(ax, title: str, names: list[str], series) -> None:
+def _draw(ax, group: str, names: list[str], series) -> None:
+    """Each metric's raw points, faint, under its smoothed line (same colour)."""
+    title, ylabel, _ = GROUPS[group]
     for name in names:
         steps, values = series[name]
-        ax.plot(steps, values, label=name, linewidth=1.2, marker="o" if len(steps) < 20 else None, markersize=3)
+        raw = ax.plot(steps, values, linewidth=0.8, alpha=0.3, marker="o" if len(steps) < 20 else None,
+                      markersize=3)[0]
+        ax.plot(steps, smooth(values), color=raw.get_color(), linewidth=1.6, label=name)
     ax.set_title(title)
-    ax.set_xlabel("step")
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best")
 
@@ -110,7 +127,7 @@ def plot_run(run_dir: str, out_dir: str | None = None) -> list[str]:
     written: list[str] = []
     for group, names in groups.items():
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
-        _draw(ax, GROUPS[group][0], names, series)
+        _draw(ax, group, names, series)
         fig.tight_layout()
         written.append(os.path.join(out_dir, f"{group}.png"))
         fig.savefig(written[-1], dpi=100)
@@ -119,7 +136,7 @@ def plot_run(run_dir: str, out_dir: str | None = None) -> list[str]:
     rows = math.ceil(len(groups) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols, 3.6 * rows), squeeze=False)
     for ax, (group, names) in zip(axes.flat, groups.items()):
-        _draw(ax, GROUPS[group][0], names, series)
+        _draw(ax, group, names, series)
     for ax in list(axes.flat)[len(groups) :]:
         ax.axis("off")
     fig.suptitle(os.path.basename(os.path.abspath(run_dir)))

@@ -39,6 +39,7 @@ class Learner:
     shuffle: bool
     inputs: type  # the view of the step batch the objective reads (`rljax.rl.batch.take`)
     base: nnx.State  # the module's frozen weights (LoRA: the base model; else empty), never donated
+    name: str  # "actor" | "critic": the prefix of the train step's metrics (verl's actor/grad_norm, critic/lr)
 
     @property
     def params(self) -> nnx.State:
@@ -47,7 +48,8 @@ class Learner:
 
     def update(self, batch: StepBatch, mesh, rng: np.random.Generator, frozen=None) -> dict[str, float]:
         """`epochs` passes over the batch in mini-batches, one optimizer step each; the
-        metrics are averaged over the updates."""
+        metrics are averaged over the updates; the train step's `train/*` metrics are
+        named after the module (`actor/grad_norm`, `critic/lr`, as verl names them)."""
         view = take(self.inputs, batch)
         rows = batch.rows
         outputs = []
@@ -59,7 +61,8 @@ class Learner:
                 self.state, metrics = self.step(self.state, mini, frozen, self.base)
                 outputs.append(metrics)
         host = jax.device_get(outputs)
-        return {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+        named = lambda k: f"{self.name}/{k.removeprefix('train/')}" if k.startswith("train/") else k  # noqa: E731
+        return {named(k): float(np.mean([m[k] for m in host])) for k in host[0]}
 
     def updates_per_step(self, rows: int) -> int:
         """Optimizer steps `update` takes on a batch of `rows` rows."""
@@ -100,16 +103,16 @@ def learner_update(graphdef: nnx.GraphDef, params, optim: OptimConfig, objective
 
 def make_learner(module: nnx.Module, optim: OptimConfig, objective, totals_fn, cfg: RLConfig, mesh,
                  mini_prompts: int, micro_per_device: int, epochs: int, shuffle: bool, inputs: type,
-                 seed: int) -> Learner:
+                 seed: int, name: str) -> Learner:
     """Place `module` on the mesh, build its optimizer and train step (`learner_update`,
     over the trainable params: with LoRA the adapters and a head) and its sharded
     TrainState; the frozen base stays beside it. `inputs`: the view of the step batch
-    `objective` reads."""
+    `objective` reads; `name` prefixes its metrics."""
     graphdef, params, base = place_trainable(module, mesh)
     update = learner_update(graphdef, params, optim, objective, totals_fn, cfg, mesh, mini_prompts,
                             micro_per_device, epochs)
     state = init_sharded_train_state(params, update.optimizer, seed, mesh)
-    return Learner(graphdef, state, update.step, update.mini_rows, epochs, shuffle, inputs, base)
+    return Learner(graphdef, state, update.step, update.mini_rows, epochs, shuffle, inputs, base, name)
 
 
 def _updates_per_step(cfg: RLConfig, mini_prompts: int, epochs: int) -> int:

@@ -74,7 +74,7 @@ class RLTrainer:
         objective, totals = actor_objective(a, r.temperature, corr)
         self.actor = make_learner(decoder, a.optim, objective, totals, cfg, self.mesh, a.ppo_mini_batch_size,
                                   a.ppo_micro_batch_size_per_device, a.ppo_epochs, a.shuffle, ActorBatch,
-                                  cfg.trainer.seed)
+                                  cfg.trainer.seed, "actor")
         self.fields = BatchFields.of(cfg)  # the optional fields of every step batch
         self.advantage_stage = AdvantageStage.of(cfg)
         self.reference = None  # with LoRA the reference is the policy with its adapters off: no copy
@@ -90,7 +90,7 @@ class RLTrainer:
             c = cfg.critic
             self.critic = make_learner(critic_module, c.optim, critic_objective(c), None, cfg, self.mesh,
                                        c.ppo_mini_batch_size, c.ppo_micro_batch_size_per_device, c.ppo_epochs,
-                                       True, CriticBatch, cfg.trainer.seed + 1)
+                                       True, CriticBatch, cfg.trainer.seed + 1, "critic")
         critic_graph = None if self.critic is None else self.critic.graphdef
         self.forwards = BatchForwards.of(cfg, self.actor.graphdef, critic_graph)
         self.agent_config = agent_config(cfg.agent) if cfg.agent else None

@@ -62,7 +62,8 @@ class SkipGuard:
         if not self.limit or self.consecutive < self.limit:
             return
         metrics = metrics or {}
-        seen = ", ".join(f"{k}={metrics[k]:.4g}" for k in ("train/loss", "train/grad_norm") if k in metrics)
+        watched = ("train/loss", "train/grad_norm", "actor/loss", "actor/grad_norm")
+        seen = ", ".join(f"{k}={metrics[k]:.4g}" for k in watched if k in metrics)
         raise NonFiniteError(
             f"{self.consecutive} consecutive optimizer steps were skipped, up to step {step}: loss or gradient not "
             f"finite{f' ({seen})' if seen else ''}; stopped (trainer.max_consecutive_skipped_steps={self.limit}): "

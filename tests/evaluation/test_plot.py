@@ -82,3 +82,35 @@ def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys):
         plot_run(run)
     assert cli_main(["plot", run]) == 1
     assert "rljax[plot]" in capsys.readouterr().err
+
+
+def test_smoothing_is_tensorboards_debiased_moving_average():
+    from rljax.commands.plot import smooth
+
+    # w = 0.5: m = 0.5, 1.25, 2.625 over debias 0.5, 0.75, 0.875 (hand-computed)
+    assert smooth([1.0, 2.0, 4.0], weight=0.5) == pytest.approx([1.0, 5 / 3, 3.0])
+    assert smooth([3.0] * 5) == pytest.approx([3.0] * 5)  # a constant stays itself: no bias toward 0
+    assert smooth([]) == []
+
+
+def test_each_plot_has_axis_labels_and_a_smoothed_line_over_the_raw_points(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rljax.commands.plot import _draw, smooth
+
+    run = str(tmp_path / "run")
+    write_run(run)
+    series = read_metrics(os.path.join(run, "metrics.jsonl"))
+    fig, ax = plt.subplots()
+    _draw(ax, "kl", ["actor/ppo_kl", "actor/kl_loss"], series)
+    assert ax.get_xlabel() == "training step" and ax.get_ylabel() == "nats per token"
+    lines = ax.get_lines()
+    assert len(lines) == 4  # raw and smoothed, per metric
+    raw, smoothed = lines[0], lines[1]
+    assert list(raw.get_ydata()) == series["actor/ppo_kl"][1] and raw.get_alpha() < 1
+    assert list(smoothed.get_ydata()) == pytest.approx(smooth(series["actor/ppo_kl"][1]))
+    assert smoothed.get_label() == "actor/ppo_kl" and smoothed.get_color() == raw.get_color()
+    plt.close(fig)

@@ -51,7 +51,7 @@ def digit_reward(tmp_path) -> list[str]:
 
 SFT_COMPARED = ("train/loss", "train/grad_norm", "train/loss_denominator")
 RL_COMPARED = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/entropy", "actor/ppo_kl",
-               "train/grad_norm", "train/loss")
+               "actor/grad_norm", "actor/loss")
 
 
 def assert_folders_agree(one: str, two: str, atol: float) -> float:
@@ -104,7 +104,7 @@ def assert_runs_agree(run1: str, run2: str, rl_compared=RL_COMPARED) -> None:
 @pytest.mark.slow
 def test_quickstart_on_two_processes_equals_one(tmp_path):
     _, run1, run2 = run_both(tmp_path, QUICKSTART, [*QUICKSTART_SHORT, *digit_reward(tmp_path)])
-    assert metrics(run1)[1]["train/grad_norm"] > 0
+    assert metrics(run1)[1]["actor/grad_norm"] > 0
     assert_runs_agree(run1, run2, RL_COMPARED + ("val-core/synthetic/arithmetic/reward/mean@2",))
 
 
@@ -121,14 +121,14 @@ def test_agent_quickstart_on_two_processes_equals_one(tmp_path, monkeypatch):
         train_rl(cfg)
 
     _, run1, run2 = run_both(tmp_path, AGENT_QUICKSTART, overrides, hook=SCRIPTED_AGENT_HOOK, one_process=one_process)
-    assert metrics(run1)[1]["agent/tool_use_rate"] == 1.0 and metrics(run1)[1]["train/grad_norm"] > 0
+    assert metrics(run1)[1]["agent/tool_use_rate"] == 1.0 and metrics(run1)[1]["actor/grad_norm"] > 0
     assert_runs_agree(run1, run2, RL_COMPARED + ("agent/tool_use_rate", "agent/num_turns/mean"))
 
 
 @pytest.mark.slow
 def test_lora_quickstart_on_two_processes_equals_one_and_exports_alike(tmp_path):
     _, run1, run2 = run_both(tmp_path, QUICKSTART, [*QUICKSTART_SHORT, *LORA, *digit_reward(tmp_path)])
-    assert metrics(run1)[1]["train/grad_norm"] > 0
+    assert metrics(run1)[1]["actor/grad_norm"] > 0
     assert_runs_agree(run1, run2)
     code, out = finish(launch(tmp_path, ["export", run2, "--out", str(tmp_path / "peft2"), "--lora-format", "peft"]))
     assert code == 0, out[-5000:]

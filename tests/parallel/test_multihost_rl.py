@@ -47,7 +47,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 COMPARED = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/entropy", "actor/ppo_kl",
-            "train/grad_norm", "train/loss")
+            "actor/grad_norm", "actor/loss")
 
 
 def scripted_make_sampler(make_sampler):

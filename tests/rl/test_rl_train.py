@@ -70,7 +70,8 @@ def test_grpo_raises_a_learnable_reward(tmp_path):
 
 def test_ppo_step_updates_actor_and_critic(tmp_path):
     cfg = make_config(tmp_path, "trainer.total_steps=1", "algorithm.adv_estimator=gae", "algorithm.lam=0.95",
-                      "actor.optim.lr=1e-3", "critic.optim.lr=1e-3", "critic.ppo_mini_batch_size=8")
+                      "actor.optim.lr=1e-3", "critic.optim.lr=2e-3",
+                      "critic.ppo_mini_batch_size=8")
     trainer = RLTrainer(cfg)
     before_actor = jax.device_get(trainer.actor.state.params)
     before_critic = jax.device_get(trainer.critic.state.params)
@@ -84,6 +85,12 @@ def test_ppo_step_updates_actor_and_critic(tmp_path):
                 "actor/ppo_kl", "actor/entropy", "timing_s/gen", "timing_s/update_critic", "timing_s/update_actor",
                 "response_length/mean", "perf/throughput"):
         assert key in metrics, key
+    # each module's train-step metrics under its own name (verl's actor/lr, critic/grad_norm)
+    assert metrics["actor/lr"] == pytest.approx(1e-3) and metrics["critic/lr"] == pytest.approx(2e-3)
+    assert metrics["actor/grad_norm"] > 0 and metrics["critic/grad_norm"] > 0
+    assert metrics["actor/grad_norm"] != metrics["critic/grad_norm"]
+    assert not any(k.startswith("train/") and k not in ("train/num_gen_batches", "train/filter_groups_underfilled")
+                   for k in metrics), sorted(k for k in metrics if k.startswith("train/"))
 
     # `rljax export` of an RL run writes the policy (the actor's parameters, read alone)
     from rljax.models import load_hf
