@@ -375,6 +375,8 @@ class Run:
         the run, `step` the step it names), close the tracker and every `on_close`; each
         is closed even if another fails, and the first failure is raised unless `error`
         already ends the run."""
+        if error is None:  # where the outputs are, and what to run next
+            self.tracker.finish(step)
         first = None
         for close in (lambda: close_after(self.checkpointer, error, step), self.tracker.close, *self._closers,
                       self._release):  # the folder is given up last

@@ -22,6 +22,12 @@ CONSOLE_KEYS = (
     ("perf/throughput", "tok/s/dev"), ("val/loss", "val_loss"),
 )
 VALIDATION_PREFIX = "val-core/"
+# timer name -> what the console calls the phase (`Tracker.phase`)
+PHASES = {
+    "gen": "rollout (sampling and scoring)", "old_log_prob": "old log-probs", "ref": "reference log-probs",
+    "values": "values", "adv": "advantages", "update_critic": "update (critic)", "update_actor": "update (actor)",
+    "update_weights": "weights to the sampler", "train": "update",
+}
 
 
 def console_line(step: int, total_steps: int, metrics: dict[str, float], seconds_per_step: float | None) -> str:
@@ -81,13 +87,16 @@ class Tracker:
         self.loggers = set(loggers)
         self.total_steps = total_steps
         self.run_dir = run_dir
-        self._first: tuple[int, float] | None = None  # (step, time) of the first console line
+        self._first: tuple[int, float] | None = None  # (step, time) of the first trained step's console line
+        self._phase_shown = False  # a phase line is on the console (a TTY), to be overwritten
         self._start: int | None = None  # set by start_at
         self._opened = False
         self._tb = None
         self._jsonl = None
         if self.enabled:
             os.makedirs(run_dir, exist_ok=True)
+            if "console" in self.loggers:
+                print(f"rljax: run folder {os.path.abspath(run_dir)}", file=sys.stdout, flush=True)
 
     def start_at(self, step: int) -> None:
         """The run continues after `step` (0: from scratch); call before the first `log`."""
@@ -129,12 +138,53 @@ class Tracker:
 
     def _console(self, step: int, metrics: dict) -> None:
         now = time.time()
-        if self._first is None or step <= self._first[0]:
-            self._first = (step, now)  # the rate counts steps this process ran, after the first log
+        if step == 0 or self._first is None or step <= self._first[0]:
+            # the rate counts the steps after the first one this process trained: that one
+            # compiled the step's programs (step 0's validation trains nothing)
+            self._first = None if step == 0 else (step, now)
             rate = None
         else:
             rate = (now - self._first[1]) / (step - self._first[0])
+        self._clear_phase()
         print(console_line(step, self.total_steps, metrics, rate), file=sys.stdout, flush=True)
+
+    def phase(self, step: int, name: str) -> None:
+        """Step `step` entered phase `name` (a `timing_s/` name: gen, old_log_prob, ...).
+        On a terminal one status line shows it, overwritten by the next; elsewhere (a log
+        file) only the first step's phases are printed, as it compiles each program."""
+        if not (self.enabled and "console" in self.loggers) or name not in PHASES:
+            return
+        label = PHASES[name]
+        if sys.stdout.isatty():
+            print(f"\r\033[K  step {step}/{self.total_steps}: {label}...", end="", file=sys.stdout, flush=True)
+            self._phase_shown = True
+        elif self._first is None:
+            print(f"  step {step}/{self.total_steps}: {label} (compiles on first use)...", file=sys.stdout, flush=True)
+
+    def _clear_phase(self) -> None:
+        if self._phase_shown:
+            print("\r\033[K", end="", file=sys.stdout, flush=True)
+            self._phase_shown = False
+
+    def summary(self, step: int) -> str:
+        """Where a finished run's outputs are, and the commands to run next."""
+        run = os.path.relpath(self.run_dir) if not os.path.isabs(self.run_dir) else self.run_dir
+        lines = [f"rljax: finished at step {step}/{self.total_steps}",
+                 f"  checkpoints  {os.path.join(run, 'checkpoints')}"]
+        if "jsonl" in self.loggers:
+            lines.append(f"  metrics      {os.path.join(run, 'metrics.jsonl')}   (plots: rljax plot {run})")
+        if "tensorboard" in self.loggers:
+            lines.append(f"  tensorboard  tensorboard --logdir {os.path.join(run, 'tensorboard')}")
+        out = f"{run.rstrip(os.sep)}-hf"
+        lines += ["next:", f"  rljax export {run} --out {out}",
+                  f"  rljax generate --model {out} --prompt \"...\""]
+        return "\n".join(lines)
+
+    def finish(self, step: int) -> None:
+        """Print `summary` (process 0, console logger on)."""
+        if self.enabled and "console" in self.loggers:
+            self._clear_phase()
+            print(self.summary(step), file=sys.stdout, flush=True)
 
     def close(self) -> None:
         if self._tb is not None:

@@ -18,13 +18,17 @@ from rljax.rl.batch import StepBatch
 
 
 class Timer:
-    """`with timer("gen"): ...` accumulates seconds into timing_s/gen."""
+    """`with timer("gen"): ...` accumulates seconds into timing_s/gen; `on_enter(name)`,
+    when given, hears of each phase as it starts (the console's status line)."""
 
-    def __init__(self):
+    def __init__(self, on_enter: Callable[[str], None] | None = None):
         self.seconds: dict[str, float] = {}
+        self.on_enter = on_enter
 
     @contextlib.contextmanager
     def __call__(self, name: str):
+        if self.on_enter is not None:
+            self.on_enter(name)
         start = time.perf_counter()
         yield
         self.seconds[f"timing_s/{name}"] = self.seconds.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start

@@ -149,7 +149,7 @@ class RLTrainer:
         return batch, metrics
 
     def step(self) -> dict[str, float]:
-        timer = Timer()
+        timer = Timer(lambda phase: self.run.tracker.phase(self.step_count + 1, phase))
         start = time.perf_counter()
         with timer("step"):
             rollout = self.rollout(timer)
