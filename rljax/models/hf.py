@@ -617,7 +617,20 @@ def save_hf(
         flush()
         _name_shards(path, written, total)
         _write_configs(path, decoder.config, head is not None, dtype, tokenizer)
+        readable_by_all(path)
     sync("rljax.models.hf.save_hf")
+
+
+def readable_by_all(folder: str) -> None:
+    """Give the files in `folder` the mode a plain `open` would (0644 under umask 022):
+    safetensors writes its files 0600, which other users (a serving job, a teammate)
+    cannot read."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for name in os.listdir(folder):
+        file = os.path.join(folder, name)
+        if os.path.isfile(file) and not os.path.islink(file):
+            os.chmod(file, 0o666 & ~mask)
 
 
 def _name_shards(path: str, written: list[tuple[str, list[str]]], total: int) -> None:

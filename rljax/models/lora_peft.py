@@ -27,7 +27,7 @@ import numpy as np
 
 from rljax.distributed import is_coordinator, sync
 from rljax.hostsync import fetch
-from rljax.models.hf import _HF_LAYER_NAMES
+from rljax.models.hf import _HF_LAYER_NAMES, readable_by_all
 from rljax.models.lora import TARGETS, LoRAConfig, adapter_names
 
 CONFIG_FILE = "adapter_config.json"
@@ -93,6 +93,7 @@ def _write_adapters(out: str, tensors: dict, targets: list[str], config: LoRACon
     }
     with open(os.path.join(out, CONFIG_FILE), "w") as f:
         json.dump(adapter_config, f, indent=2)
+    readable_by_all(out)
 
 
 def read_peft_config(path: str) -> dict:

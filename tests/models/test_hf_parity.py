@@ -105,6 +105,18 @@ def test_sharded_export_has_index_and_loads(tmp_path):
     reloaded, info = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert reloaded.dtype == torch.bfloat16
+    # every file readable by others, as a plain open() would leave it under the umask (safetensors writes 0600)
+    import os
+    import stat
+
+    mask = os.umask(0o022)
+    try:
+        save_hf(model, str(tmp_path / "shared"), tokenizer=None)
+    finally:
+        os.umask(mask)
+    for f in list((tmp_path / "out").iterdir()) + list((tmp_path / "shared").iterdir()):
+        assert stat.S_IMODE(f.stat().st_mode) & 0o044 == 0o044, f
+    assert stat.S_IMODE((tmp_path / "shared" / "model.safetensors").stat().st_mode) == 0o644
 
 
 def test_unsupported_architecture_is_named(tmp_path):
