@@ -191,3 +191,17 @@ def test_ctrl_c_is_one_line(capsys, monkeypatch):
         assert code == 130
         assert err.splitlines() == (["interrupted at step 4: checkpoint .../2 is complete"] if reported
                                     else ["rljax: interrupted"])
+
+
+@pytest.mark.parametrize("model,message", [
+    ("/nonexistent-model-dir", r"^rljax: error: --model /nonexistent-model-dir: no such model folder$"),
+    ("{tmp}", r"^rljax: error: --model {tmp}: not a Hugging Face model folder \(no config\.json\)"),
+    ("{tmp}/file", r"^rljax: error: --model {tmp}/file: not a folder"),
+])
+def test_generate_names_the_model_folder(capsys, tmp_path, monkeypatch, model, message):
+    monkeypatch.delenv("RLJAX_DEBUG", raising=False)
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "tokenizer.json").write_text("{}")  # a tokenizer alone is not a model
+    code, err = run_cli(capsys, "generate", "--model", model.format(tmp=tmp_path), "--prompt", "hi")
+    assert code != 0
+    assert re.match(message.format(tmp=re.escape(str(tmp_path))), err.splitlines()[0]), err

@@ -68,11 +68,24 @@ def _check_length(path: str, prompts: list[list[int]], max_tokens: int) -> None:
         )
 
 
+def check_model_folder(path: str) -> None:
+    """One line naming `--model` when it is not a Hugging Face model folder."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--model {path}: no such model folder")
+    if not os.path.isdir(path):
+        raise ValueError(f"--model {path}: not a folder (a Hugging Face model folder holds config.json, "
+                         "safetensors and the tokenizer)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"--model {path}: not a Hugging Face model folder (no config.json); "
+                                "`rljax export RUN --out DIR` writes one from a run")
+
+
 def main(args) -> int:
     from rljax.data.tokenizer import load_hf_tokenizer
     from rljax.models import load_hf
     from rljax.rollout import KVCacheConfig, Sampler, SamplerConfig, SamplingParams
 
+    check_model_folder(args.model)
     tokenizer = load_hf_tokenizer(args.model)
     prompts = [_encode(tokenizer, p, args.system, args.raw) for p in args.prompt]
     _check_length(args.model, prompts, args.max_tokens)
