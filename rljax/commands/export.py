@@ -64,5 +64,8 @@ def main(args) -> int:
     initialize()  # jax.distributed from RLJAX_* / TPU environment; no-op for one process
     path = export_run(args.checkpoint, args.out, step=args.step, dtype=args.dtype, max_shard_size=args.max_shard_size,
                       lora_format=args.lora_format)
-    print0(f"wrote {path}")
+    from rljax.train.export import export_source
+
+    source = export_source(path)
+    print0(f"exported step {source['step']} of {source['run']} to {path}" if source else f"wrote {path}")
     return 0

@@ -60,6 +60,7 @@ def export_policy(path: str, out: str, step: int | None = None, dtype: str | Non
     policy as a Hugging Face folder `out`, with the run's tokenizer."""
     directory, _ = resolve_checkpoint(path)
     cfg = from_dict(RLConfig, saved_config(os.path.dirname(directory)))
-    policy, tokenizer, _ = load_policy(cfg, path, make_mesh(cfg.mesh), step)
-    save_trained(policy, out, cfg.model, tokenizer, dtype, max_shard_size, lora_format)
+    policy, tokenizer, step = load_policy(cfg, path, make_mesh(cfg.mesh), step)
+    save_trained(policy, out, cfg.model, tokenizer, dtype, max_shard_size, lora_format,
+                 source=(os.path.dirname(directory), step))
     return out

@@ -17,6 +17,7 @@ export` picks the exporter by the run's kind (`rljax.commands.run_kinds.run_kind
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import jax
@@ -85,18 +86,22 @@ def export_checkpoint(path: str, out: str, step: int | None = None, dtype: str |
     graphdef, abstract_state = abstract_train_state(module, cfg, mesh)
     state, _, _ = checkpointer.restore(step, abstract_state)
     trained = nnx.merge(graphdef, state.params, split_trainable(module)[1])
-    save_trained(trained, out, cfg.model, tokenizer, dtype, max_shard_size, lora_format)
+    save_trained(trained, out, cfg.model, tokenizer, dtype, max_shard_size, lora_format, source=(run_dir, step))
     return out
 
 
 LORA_FORMATS = ("merged", "peft")
 
 
-def save_trained(module, out: str, section, tokenizer, dtype, max_shard_size, lora_format: str = "merged") -> None:
+SOURCE_FILE = "rljax_export.json"  # beside the weights: the run and step they come from
+
+
+def save_trained(module, out: str, section, tokenizer, dtype, max_shard_size, lora_format: str = "merged",
+                 source: tuple[str, int] | None = None) -> None:
     """Write a trained decoder (or reward model) as a Hugging Face folder; with adapters,
     merged into the base weights or (`lora_format="peft"`) as a PEFT adapter folder.
-    Every process of a run calls it; process 0 writes, and all return once `out` is
-    complete."""
+    `source` (run folder, step) is recorded in `SOURCE_FILE`. Every process of a run
+    calls it; process 0 writes, and all return once `out` is complete."""
     if lora_format not in LORA_FORMATS:
         raise ValueError(f"lora_format {lora_format!r}; choose from {list(LORA_FORMATS)}")
     decoder = getattr(module, "backbone", module)
@@ -106,7 +111,19 @@ def save_trained(module, out: str, section, tokenizer, dtype, max_shard_size, lo
         if tokenizer is not None and is_coordinator():
             tokenizer.save_pretrained(out)
         save_peft_adapters(decoder, out, section.lora, base_model=section.path, dtype=dtype)  # returns when written
-        return
-    if section.lora.enabled:
-        merge_into_base(decoder)
-    save_hf(module, out, tokenizer=tokenizer, dtype=dtype, max_shard_size=max_shard_size)
+    else:
+        if section.lora.enabled:
+            merge_into_base(decoder)
+        save_hf(module, out, tokenizer=tokenizer, dtype=dtype, max_shard_size=max_shard_size)
+    if source is not None and is_coordinator():
+        with open(os.path.join(out, SOURCE_FILE), "w") as f:
+            json.dump({"run": os.path.abspath(source[0]), "step": int(source[1])}, f)
+
+
+def export_source(out: str) -> dict | None:
+    """The run and step an export in `out` came from (`SOURCE_FILE`), or None."""
+    try:
+        with open(os.path.join(out, SOURCE_FILE)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None

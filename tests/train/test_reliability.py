@@ -294,7 +294,7 @@ def test_tracker_drops_replayed_steps_on_resume(tmp_path):
 
 
 @pytest.mark.slow
-def test_export_refuses_a_folder_that_holds_files(base_run, tmp_path):
+def test_export_refuses_a_folder_that_holds_files(base_run, tmp_path, capsys):
     from rljax.cli import main
 
     out = tmp_path / "base_model"
@@ -305,6 +305,12 @@ def test_export_refuses_a_folder_that_holds_files(base_run, tmp_path):
         main(["export", base_run, "--out", str(out)])
     assert str(out) in str(info.value) and "\n" not in str(info.value)
     assert (out / "model.safetensors").read_bytes() == b"the base model" and (out / "notes.txt").exists()
+    capsys.readouterr()
     assert main(["export", base_run, "--out", str(tmp_path / "new")]) == 0  # a new folder is fine
+    # the step it exported is said, and recorded beside the weights
+    assert capsys.readouterr().out.strip() == f"exported step 4 of {base_run} to {tmp_path / 'new'}"
+    assert main(["export", base_run, "--out", str(tmp_path / "step2"), "--step", "2"]) == 0
+    assert capsys.readouterr().out.strip() == f"exported step 2 of {base_run} to {tmp_path / 'step2'}"
+    assert json.loads((tmp_path / "step2" / "rljax_export.json").read_text()) == {"run": base_run, "step": 2}
     assert main(["export", base_run, "--out", str(out), "--overwrite"]) == 0
     assert (out / "config.json").exists() and (out / "model.safetensors").read_bytes() != b"the base model"
