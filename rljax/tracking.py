@@ -79,6 +79,8 @@ class Tracker:
     run that starts over) drops the whole earlier history. Without `start_at` the files
     are appended to."""
 
+    _live: list[Tracker] = []  # trackers not yet closed (an RL run's SFT warm-up runs in a folder inside it)
+
     def __init__(self, run_dir: str, loggers: list[str], total_steps: int):
         unknown = set(loggers) - {"console", "tensorboard", "jsonl"}
         if unknown:
@@ -93,6 +95,7 @@ class Tracker:
         self._opened = False
         self._tb = None
         self._jsonl = None
+        Tracker._live.append(self)
         if self.enabled:
             os.makedirs(run_dir, exist_ok=True)
             if "console" in self.loggers:
@@ -181,12 +184,17 @@ class Tracker:
         return "\n".join(lines)
 
     def finish(self, step: int) -> None:
-        """Print `summary` (process 0, console logger on)."""
-        if self.enabled and "console" in self.loggers:
+        """Print `summary` (process 0, console logger on), unless this run is a phase of
+        one still going (an RL run's SFT warm-up)."""
+        inside = any(os.path.abspath(self.run_dir).startswith(os.path.abspath(other.run_dir) + os.sep)
+                     for other in Tracker._live if other is not self)
+        if self.enabled and "console" in self.loggers and not inside:
             self._clear_phase()
             print(self.summary(step), file=sys.stdout, flush=True)
 
     def close(self) -> None:
+        if self in Tracker._live:
+            Tracker._live.remove(self)
         if self._tb is not None:
             self._tb.close()
         if self._jsonl is not None:

@@ -54,3 +54,16 @@ def test_phases_show_on_the_first_step_and_the_end_says_where_things_are(tmp_pat
         f"  rljax export {run} --out {run}-hf",
         f"  rljax generate --model {run}-hf --prompt \"...\"",
     ]
+
+
+def test_a_run_inside_a_run_says_nothing_at_its_end(tmp_path, capsys):
+    """The SFT warm-up of an RL run finishes while the RL run goes on: only the outer
+    run prints where things are."""
+    outer = Tracker(str(tmp_path / "rl"), ["console"], total_steps=2)
+    inner = Tracker(str(tmp_path / "rl" / "warmup_sft"), ["console"], total_steps=1)
+    inner.finish(1)
+    inner.close()
+    outer.finish(2)
+    outer.close()
+    out = capsys.readouterr().out
+    assert out.count("rljax: finished") == 1 and "finished at step 2/2" in out and "warmup_sft-hf" not in out
