@@ -75,10 +75,11 @@ class Combine:
     weight: float = 1.0
 
     def __call__(self, running: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        if self.mode == "replace":
-            return (self.weight * scores).astype(np.float32)
-        if self.mode == "add":
-            return (running + self.weight * scores).astype(np.float32)
+        with np.errstate(over="ignore"):  # an overflow to inf is the combiner's error to report
+            if self.mode == "replace":
+                return (self.weight * scores).astype(np.float32)
+            if self.mode == "add":
+                return (running + self.weight * scores).astype(np.float32)
         raise ValueError(f"combine must be 'replace' or 'add', got {self.mode!r}")
 
 
