@@ -43,7 +43,7 @@ import numpy as np
 from rljax.agent import AgentConfig, AgentLoop, Episode, RolloutSamplerAdapter, collect_metrics
 from rljax.agent.tools.registry import load_tools
 from rljax.config import load_section
-from rljax.rewards.sources import RewardBatch, RewardSources
+from rljax.rewards.sources import RewardBatch, RewardSources, check_finite
 from rljax.rl.batch import Sample
 from rljax.rl.reward_config import OverlongBufferConfig
 from rljax.rl.scoring import ScoredRollout, overlong_shaping
@@ -143,8 +143,12 @@ def agent_generate_and_score(sampler, rewards: RewardSources, tokenizer, prompts
                       "uid": int(t.group_id)})
     conversations = [t.messages[:-1] if t.messages and t.messages[-1].get("role") == "assistant" else t.messages
                      for t in trajectories]
-    result = rewards.score(RewardBatch(items, [list(t.prompt_ids) + list(t.response_ids) for t in trajectories],
-                                       conversations))
+    batch = RewardBatch(items, [list(t.prompt_ids) + list(t.response_ids) for t in trajectories], conversations)
+    result = rewards.score(batch)
+    with np.errstate(over="ignore", invalid="ignore"):
+        totals = np.asarray([float(score) + float(t.reward) for t, score in zip(trajectories, result.scores)],
+                            np.float32)
+    check_finite(totals, batch, "the episode reward (task reward + tool / environment rewards)")
     samples, records = [], []
     for t, task_score in zip(trajectories, np.asarray(result.scores, np.float32)):
         samples.append(Sample(prompt_ids=list(t.prompt_ids), response_ids=list(t.response_ids),

@@ -1,5 +1,8 @@
 """Reward failures in an RL run (tiny random model, custom reward functions from files):
 
+- an agent episode whose tool reward is 1e308 (task reward + tool reward inf in float32)
+  fails the rollout naming the sample;
+
 - a custom reward of 1e308 (inf in float32) stops the run in its first step's rollout,
   with one line naming the function and the sample, before any update: the weights are
   the initial ones and no checkpoint is written;
@@ -14,11 +17,55 @@ import jax
 import numpy as np
 import pytest
 
-from rljax.rewards.manager import NonFiniteRewardError, RewardFailureError
+import yaml
+
+from rljax.agent.tools.calculator import CalculatorTool
+from rljax.data.synthetic_tools import make_rows
+from rljax.data.tokenizer import build_char_tokenizer
+from rljax.rewards.manager import NonFiniteRewardError, RewardFailureError, RewardManager
+from rljax.rewards.sources import Combine, FunctionSource, RewardSources
+from rljax.rl.agent_rollout import agent_config, agent_generate_and_score
 from rljax.rl.trainer import RLTrainer
+from rljax.rollout.params import SamplingParams
+from tests.rl.test_agent_rl import IM_END, TOOLS_YAML, ScriptedRolloutSampler, call_text, enc, question_of
 from tests.rl.test_rl_train import make_config
 
-pytestmark = pytest.mark.slow
+
+class HugeRewardCalculator(CalculatorTool):
+    """The calculator, rewarding every episode that uses it with 1e308."""
+
+    def reward(self, state):
+        return 1e308
+
+
+def test_agent_episode_reward_must_be_finite_in_float32(tmp_path):
+    tok = build_char_tokenizer()
+    rows = make_rows("rl", 2, seed=11)
+    prompts = {"raw_prompt": [r["prompt"] for r in rows], "data_source": [r["data_source"] for r in rows],
+               "ground_truth": [r["reward_model"]["ground_truth"] for r in rows],
+               "extra_info": [r["extra_info"] for r in rows]}
+
+    def script(turn, request):
+        expression = question_of(tok, request.prompt_token_ids)
+        if turn == 0:
+            return enc(tok, call_text(expression) + IM_END)
+        a, b = map(int, expression.split("*"))
+        return enc(tok, str(a * b) + IM_END)
+
+    tools = yaml.safe_load(open(TOOLS_YAML))
+    tools["tools"][0] = {"class": f"{__name__}:HugeRewardCalculator", "schema": tools["tools"][0]["schema"]}
+    path = tmp_path / "tools.yaml"
+    path.write_text(yaml.safe_dump(tools))
+    config = agent_config({"tool_config_path": str(path), "max_turns": 3, "max_tokens_per_turn": 96,
+                           "min_turn_tokens": 8})
+    with RewardManager(mode="inline") as manager:
+        rewards = RewardSources([(FunctionSource(manager), Combine())])
+        with pytest.raises(NonFiniteRewardError, match=r"^the episode reward \(task reward \+ tool / environment "
+                                                       r"rewards\) gave inf for sample 0 of 4 \(data_source "
+                                                       r"'synthetic/tool_arithmetic', uid 0\)"):
+            agent_generate_and_score(ScriptedRolloutSampler(tok, script), rewards, tok, prompts,
+                                     SamplingParams(n=2, temperature=1.0, max_tokens=128, seed=3), config)
+
 
 HUGE = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -40,6 +87,7 @@ def reward_file(tmp_path, name, text):
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", [["reward.mode=process"], ["reward.mode=inline", "reward.trust_custom_reward=true"]],
                          ids=["worker_processes", "in_process"])
 def test_inf_in_float32_reward_stops_the_run_before_any_update(tmp_path, where):
@@ -61,6 +109,7 @@ def test_inf_in_float32_reward_stops_the_run_before_any_update(tmp_path, where):
     assert not (os.path.isdir(checkpoints) and os.listdir(checkpoints))
 
 
+@pytest.mark.slow
 def test_sleeping_reward_with_on_error_fail_stops_the_run_within_the_timeout(tmp_path):
     path = reward_file(tmp_path, "sleepy", SLEEPY)
     cfg = make_config(tmp_path, "trainer.total_steps=1", f"reward.custom_reward_function.path={path}",
