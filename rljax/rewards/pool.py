@@ -242,11 +242,14 @@ class ScoringPool:
                 f"({type(e).__name__}: {e}); see the worker's traceback above"
             ) from e
 
+    def _processes(self) -> list:
+        return list((getattr(self._executor, "_processes", None) or {}).values())
+
     def _kill(self) -> None:
+        processes = self._processes()
         executor, self._executor = self._executor, None
         if executor is None:
             return
-        processes = list((getattr(executor, "_processes", None) or {}).values())
         for p in processes:
             if p.is_alive():
                 p.terminate()
@@ -257,10 +260,19 @@ class ScoringPool:
                 p.kill()
                 p.join(timeout=2.0)
 
-    def _restart(self) -> None:
+    def _discard(self) -> None:
+        """Kill the pool; a fresh one starts when there is something to score (`restarts`
+        counts the pools discarded)."""
         self._kill()
         self.restarts += 1
-        self._start()
+
+    def _ensure_started(self) -> None:
+        if self._executor is None:
+            self._start()
+
+    def _restart(self) -> None:
+        self._discard()
+        self._ensure_started()
 
     def close(self) -> None:
         self._closed = True
@@ -293,16 +305,15 @@ class ScoringPool:
         error propagates."""
         if self._closed:
             raise RuntimeError("the scoring pool is closed")
-        if self._executor is None:  # the previous map was abandoned
-            self.restarts += 1
-            self._start()
+        if self._executor is not None and not all(p.is_alive() for p in self._processes()):
+            self._restart()  # a worker died between batches (a signal, the OOM killer)
         outcomes: list[Outcome | None] = [None] * len(items)
         inflight: dict[Future, tuple[int, float, bool]] = {}  # future -> (index, start, alone)
         try:
             self._map(items, outcomes, inflight, on_outcome)
         except BaseException:
             if inflight:
-                self._kill()  # its workers may be busy for up to timeout_s: not worth waiting for
+                self._discard()  # its workers may be busy for up to timeout_s: not worth waiting for
             raise
         return [o for o in outcomes if o is not None]
 
@@ -317,6 +328,7 @@ class ScoringPool:
                 on_outcome(i, outcome)
 
         while queue or suspects or inflight:
+            self._ensure_started()  # after a kill (a hung call, a dead worker, an abandoned map)
             if suspects:
                 if not inflight:
                     i = suspects.popleft()
@@ -345,17 +357,17 @@ class ScoringPool:
                     settle(i, outcome)
 
             now = time.monotonic()
-            expired = [f for f, (_, start, _) in inflight.items() if now - start >= kill_after]
-            for future in expired:
-                i, _, _ = inflight.pop(future)
-                settle(i, Outcome("timeout", message=f"no result within timeout_s={self.timeout_s:g} (its worker "
-                                                     "process was killed)"))
+            expired = [inflight.pop(f)[0] for f, (_, start, _) in list(inflight.items()) if now - start >= kill_after]
             if expired or broken:
-                # The other in-flight items die with the pool: rerun them.
+                # The pool goes (a fresh one starts when there is more to score); the other
+                # in-flight items die with it: rerun them.
                 for i, _, alone in inflight.values():
                     if broken and not alone:
                         suspects.append(i)
                     else:
                         queue.appendleft(i)
                 inflight.clear()
-                self._restart()
+                self._discard()
+            for i in expired:
+                settle(i, Outcome("timeout", message=f"no result within timeout_s={self.timeout_s:g} (its worker "
+                                                     "process was killed)"))
