@@ -94,7 +94,8 @@ class FunctionSource:
     def __init__(self, manager, zero_where_no_rule: bool = False):
         self.manager = manager
         self.zero_where_no_rule = zero_where_no_rule
-        self.name = f"reward function {describe_reward_fn(manager.fn)}"
+        described = describe_reward_fn(manager.fn)
+        self.name = described if getattr(manager, "uses_registry", False) else f"reward function {described}"
 
     def with_manager(self, manager) -> "FunctionSource":
         """The same source scoring through `manager` (e.g. a proxy that calls on another thread)."""

@@ -97,7 +97,7 @@ def test_function_source_and_close():
     sources = RewardSources([(FunctionSource(manager, zero_where_no_rule=True), Combine()), (rm, Combine("add", 2.0))])
     out = sources.score(RewardBatch(items, [[1], [2]]))
     assert out.scores.tolist() == [2.0, 0.5]  # 1 + 2 x 0.5; no rule for my/unscored: 0 + 2 x 0.25
-    assert sources.sources[0].name == "reward function the built-in scorer (default_compute_score)"
+    assert sources.sources[0].name == "the built-in scorer (default_compute_score)"
     sources.close()  # every source: the manager's workers, the model's resources
     assert rm.closed
     with pytest.raises(RuntimeError, match="closed"):
