@@ -1,5 +1,6 @@
 """Rewards: rule-based scorers keyed by ``data_source`` (verl's ``compute_score``), custom
-reward files, a reward model, a generative verifier, and a contained batch manager.
+reward files, a reward model, a generative verifier, and a contained batch manager; each
+is a reward source (`rljax.rewards.sources`) that a config combines.
 
 Registered data sources (`known_data_sources()`), verl's names sent where verl's
 ``default_compute_score`` sends them: ``openai/gsm8k``, ``gsm8k``; ``lighteval/MATH``,
@@ -23,7 +24,7 @@ from rljax.rewards import builtins as _builtins  # noqa: F401  (registers the bu
 from rljax.rewards.countdown import safe_eval
 from rljax.rewards.custom import CustomRewardError, FileRewardFn, custom_reward_fn_from_config, load_function
 from rljax.rewards.format_reward import THINK_ANSWER_PATTERN, FormatReward, extract_tag, format_ok
-from rljax.rewards.manager import RewardManager, WithKwargs
+from rljax.rewards.manager import NonFiniteRewardError, RewardFailureError, RewardManager, WithKwargs
 from rljax.rewards.math_normalize import (
     canonical_answer,
     extract_boxed_answer,
@@ -46,6 +47,15 @@ from rljax.rewards.registry import (
     register_reward,
 )
 from rljax.rewards.result import RewardResult, read_score
+from rljax.rewards.sources import (
+    Combine,
+    FunctionSource,
+    RewardBatch,
+    RewardModelSource,
+    RewardSource,
+    RewardSources,
+    VerifierSource,
+)
 from rljax.rewards.verifier import GenerativeVerifier, parse_score, parse_yes_no
 
 compute_score = default_compute_score
@@ -62,18 +72,27 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Combine",
     "CustomRewardError",
     "FileRewardFn",
     "FormatReward",
+    "FunctionSource",
     "GenerativeVerifier",
+    "NonFiniteRewardError",
     "Outcome",
+    "RewardBatch",
+    "RewardFailureError",
     "RewardManager",
     "RewardModelScorer",
+    "RewardModelSource",
     "RewardResult",
+    "RewardSource",
+    "RewardSources",
     "ScalarHeadScorer",
     "ScoringPool",
     "THINK_ANSWER_PATTERN",
     "UnknownDataSourceError",
+    "VerifierSource",
     "WithKwargs",
     "apply_overlong_penalty",
     "canonical_answer",

@@ -5,10 +5,18 @@ decoded response), ``ground_truth`` and optional ``extra_info``. The reward func
 either the registry dispatcher (`default_compute_score`, the default), a custom function
 (`custom_reward_function` config, `FileRewardFn`) or any picklable callable.
 
-Containment: a function that raises (``sys.exit`` included), returns garbage (no
-``score``, NaN), runs longer than `timeout_s` or kills its process is scored `error_score`
-(0.0) and counted in ``reward/errors`` / ``reward/timeouts``; the run goes on, and so does
-the manager (a hung or dead worker is replaced; see `rljax.rewards.pool`).
+Failures: a function that raises (``sys.exit`` included), returns garbage (no ``score``),
+runs longer than `timeout_s` (interrupted in its worker, or the worker killed; see
+`rljax.rewards.pool`) or kills its process fails on that sample. `on_error` says what
+follows: ``"zero"`` scores the sample `error_score` (0.0) and counts it in
+``reward/errors`` / ``reward/timeouts`` (the run goes on, and so does the manager: a hung
+or dead worker is replaced); ``"fail"`` raises `RewardFailureError` at the first failure.
+Either way the first failure of a batch is one log line, as it happens, naming the
+function and the sample (index, ``data_source``, ``uid`` when the item has one).
+
+A score that is not finite in float32, the dtype rewards are trained in (nan, inf, or a
+float64 such as 1e308 that overflows float32), is never a score to train on: `score`
+raises `NonFiniteRewardError` naming the function and the sample, whatever `on_error`.
 
 Where a function runs:
 
@@ -46,11 +54,23 @@ from rljax.rewards.result import RewardResult, collect_extras, extra_metrics
 logger = logging.getLogger("rljax.rewards")
 
 Mode = Literal["process", "inline"]
+OnError = Literal["zero", "fail"]
 REQUIRED_KEYS = ("data_source", "solution_str", "ground_truth")
 
 
 class RewardFailureError(RuntimeError):
-    """The reward function failed on every sample of several batches in a row."""
+    """The reward function failed: on a sample with ``on_error="fail"``, or on every sample
+    of several batches in a row."""
+
+
+class NonFiniteRewardError(RewardFailureError):
+    """A reward that is not finite in float32 (nan, inf, 1e308)."""
+
+
+def describe_sample(item: Mapping[str, Any], index: int, n: int) -> str:
+    """``sample 3 of 16 (data_source 'gsm8k', uid 5)``: which sample of a batch, for messages."""
+    uid = f", uid {item['uid']}" if item.get("uid") is not None else ""
+    return f"sample {index} of {n} (data_source {str(item.get('data_source'))!r}{uid})"
 
 
 @dataclass(frozen=True)
@@ -69,15 +89,24 @@ class WithKwargs:
         return self.fn(**call_kwargs, **self.kwargs)
 
 
-def describe_reward_fn(fn: Callable[..., Any]) -> str:
-    """A reward function's name for messages: ``path:name`` for a file's function."""
+def describe_reward_fn(fn: Callable[..., Any], data_source: str | None = None) -> str:
+    """A reward function's name for messages: ``path:name`` for a file's function,
+    ``module:name`` for any other; for the registry dispatcher, the function registered
+    for `data_source` when given."""
     if isinstance(fn, WithKwargs):
-        return describe_reward_fn(fn.fn)
+        return describe_reward_fn(fn.fn, data_source)
     if isinstance(fn, FileRewardFn):
         return f"{fn.path}:{fn.name}"
     if fn is default_compute_score:
-        return "the built-in scorer (default_compute_score)"
-    return getattr(fn, "__qualname__", None) or repr(fn)
+        registered = REWARDS.find(data_source) if data_source is not None else None
+        if registered is None:
+            return "the built-in scorer (default_compute_score)"
+        return f"the built-in scorer {describe_reward_fn(registered)}"
+    name = getattr(fn, "__qualname__", None)
+    module = getattr(fn, "__module__", None)
+    if name is None:
+        return repr(fn)
+    return f"{module}:{name}" if module else name
 
 
 class RewardManager:
@@ -96,9 +125,12 @@ class RewardManager:
         mp_context: str | None = None,
         trust_custom_reward: bool = False,
         max_consecutive_failed_steps: int = 3,
+        on_error: OnError = "zero",
     ):
         if mode not in ("process", "inline"):
             raise ValueError(f"reward mode must be 'process' or 'inline', got {mode!r}")
+        if on_error not in ("zero", "fail"):
+            raise ValueError(f"reward on_error must be 'zero' or 'fail', got {on_error!r}")
         if not timeout_s > 0:
             raise ValueError(f"reward timeout_s must be > 0, got {timeout_s}")
         if max_consecutive_failed_steps < 0:
@@ -112,6 +144,7 @@ class RewardManager:
             fn = WithKwargs(fn, dict(reward_kwargs))
         self.fn = fn
         self.mode = mode
+        self.on_error = on_error
         self.error_score = float(error_score)
         self.timeout_s = float(timeout_s)
         self.max_consecutive_failed_steps = int(max_consecutive_failed_steps)
@@ -132,11 +165,11 @@ class RewardManager:
     ) -> "RewardManager":
         """From a ``reward`` config block (keys: ``mode``, ``num_workers``, ``timeout_s``,
         ``error_score``, ``mp_context``, ``reward_kwargs``, ``trust_custom_reward``,
-        ``max_consecutive_failed_steps``) and verl's ``custom_reward_function`` block
-        (``path``, ``name``, ``reward_kwargs``)."""
+        ``max_consecutive_failed_steps``, ``on_error``) and verl's ``custom_reward_function``
+        block (``path``, ``name``, ``reward_kwargs``)."""
         config = dict(config or {})
         allowed = {"mode", "num_workers", "timeout_s", "error_score", "mp_context", "reward_kwargs",
-                   "trust_custom_reward", "max_consecutive_failed_steps"}
+                   "trust_custom_reward", "max_consecutive_failed_steps", "on_error"}
         unknown = set(config) - allowed
         if unknown:
             raise ValueError(f"reward config: unknown key(s) {sorted(unknown)}; expected {sorted(allowed)}")
@@ -150,23 +183,36 @@ class RewardManager:
 
     def score(self, batch: Sequence[Mapping[str, Any]]) -> RewardResult:
         """Scores, extra fields and metrics of `batch` (see `RewardResult`). Raises
-        `RewardFailureError` when every sample has failed in `max_consecutive_failed_steps`
-        consecutive calls."""
+        `NonFiniteRewardError` at a score not finite in float32; `RewardFailureError` at the
+        first failure with ``on_error="fail"``, or when every sample has failed in
+        `max_consecutive_failed_steps` consecutive calls."""
         self._check(batch)
+        watch = _FirstFailure(self, batch)
         if not self.inline:
             if self._pool is None:
                 raise RuntimeError("the reward manager is closed")
-            outcomes = self._pool.map(batch)
+            outcomes = self._pool.map(batch, watch)
         else:
             if not can_alarm():
                 raise RuntimeError(
                     f"reward.mode=inline cannot enforce reward.timeout_s={self.timeout_s:g} here: the in-process "
                     "timeout uses SIGALRM, which needs the main thread of a POSIX process; score from the main "
                     "thread or use reward.mode=process")
-            outcomes = [score_item_inline(self.fn, item, self.timeout_s) for item in batch]
+            outcomes = []
+            for i, item in enumerate(batch):
+                outcomes.append(score_item_inline(self.fn, item, self.timeout_s))
+                watch(i, outcomes[-1])
         result = self._result(outcomes)
         self._count_failures(batch, result)
         return result
+
+    def failure_line(self, batch: Sequence[Mapping[str, Any]], index: int, outcome: Outcome) -> str:
+        """One line: which function failed how on which sample."""
+        item = batch[index]
+        what = {"timeout": "timed out", "nonfinite": "returned a reward that is not finite in float32",
+                "error": "failed"}[outcome.status]
+        return (f"reward function {describe_reward_fn(self.fn, str(item['data_source']))} {what} on "
+                f"{describe_sample(item, index, len(batch))}: {outcome.message}")
 
     def _count_failures(self, batch: Sequence[Mapping[str, Any]], result: RewardResult) -> None:
         if not batch:
@@ -204,9 +250,6 @@ class RewardManager:
             "reward/timeouts": float(sum(o.status == "timeout" for o in outcomes)),
             **extra_metrics(extras),
         }
-        if errors:
-            first = min(errors)
-            logger.warning("reward: %d of %d samples failed; first (sample %d): %s", len(errors), n, first, errors[first])
         return RewardResult(scores, extras, metrics, errors)
 
     # -- lifecycle --
@@ -225,3 +268,26 @@ class RewardManager:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _FirstFailure:
+    """`score`'s outcome watcher: a non-finite score raises `NonFiniteRewardError`; the
+    first failure of the batch raises `RewardFailureError` (``on_error="fail"``) or is
+    logged as one line (``"zero"``)."""
+
+    def __init__(self, manager: RewardManager, batch: Sequence[Mapping[str, Any]]):
+        self.manager, self.batch, self.seen = manager, batch, False
+
+    def __call__(self, index: int, outcome: Outcome) -> None:
+        if outcome.status == "ok":
+            return
+        line = self.manager.failure_line(self.batch, index, outcome)
+        if outcome.status == "nonfinite":
+            raise NonFiniteRewardError(f"{line}; a reward must be finite in float32, the dtype it is trained in")
+        if self.manager.on_error == "fail":
+            raise RewardFailureError(f"{line} (reward.on_error=fail; zero scores a failed sample "
+                                     f"{self.manager.error_score:g} and goes on)")
+        if not self.seen:
+            self.seen = True
+            logger.warning("%s; scored %g (reward.on_error=zero), this batch's failures are counted in "
+                           "reward/errors and reward/timeouts", line, self.manager.error_score)

@@ -7,13 +7,22 @@ a `concurrent.futures.ProcessPoolExecutor` (``forkserver`` context where availab
 * the reward function is pickled once and loaded by each worker's initializer;
 * at most `num_workers` items are in flight, so every submitted item runs at once and its
   clock (started at submission) measures its own run time;
-* an item still running after `timeout_s` is a *timeout*: the pool's processes are
-  terminated (killed if they ignore SIGTERM), a fresh pool is started, and the other
-  items that were in flight are resubmitted;
+* the timeout is enforced in the worker: a call still running after `timeout_s` is
+  interrupted there by ``SIGALRM`` (as `score_item_inline` does in-process) and returned
+  as a *timeout*; the worker goes on with the next item;
+* a call the alarm cannot stop (C code holding the GIL, a function that catches
+  ``BaseException`` around its own hang) is still running `KILL_GRACE_S` later: the
+  pool's processes are terminated (killed if they ignore SIGTERM), a fresh pool is
+  started, the item is a *timeout* and the other items that were in flight are resubmitted;
 * an exception in the reward function is caught in the worker and returned as an *error*;
+  a score that is not finite in float32 (nan, inf, 1e308) is *nonfinite*;
 * a worker that dies (``os._exit``, segfault, OOM kill) breaks the pool: its in-flight
   items are rerun one at a time in a fresh pool, so only the item that kills a worker on
   its own is an error.
+
+`ScoringPool.map` reports each outcome as it arrives to an optional callback; when the
+callback raises (the caller stops at a failure), the items still in flight are abandoned
+with their pool (a fresh one starts at the next `map`) and the error propagates, at once.
 
 `score_item_inline` is the in-process counterpart (``RewardManager(mode="inline")`` for
 trusted functions): the same containment of exceptions (``sys.exit`` included), and
@@ -41,10 +50,11 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from rljax.rewards.result import read_score
+from rljax.rewards.result import NonFiniteScore, read_score
 
-Status = Literal["ok", "error", "timeout"]
+Status = Literal["ok", "error", "timeout", "nonfinite"]
 MAX_MESSAGE_CHARS = 1000
+KILL_GRACE_S = 1.0  # after timeout_s, how long the parent waits for the worker's own alarm before killing it
 
 
 @dataclass(frozen=True)
@@ -59,7 +69,7 @@ class Outcome:
 
 def score_item(fn: Callable[..., Any], item: Mapping[str, Any]) -> Outcome:
     """Call `fn` with verl's keyword arguments; exceptions (and ``sys.exit``) become an
-    error `Outcome`."""
+    error `Outcome`, a score not finite in float32 a nonfinite one."""
     try:
         result = fn(
             data_source=item["data_source"],
@@ -69,6 +79,8 @@ def score_item(fn: Callable[..., Any], item: Mapping[str, Any]) -> Outcome:
         )
         score, extras = read_score(result)
         return Outcome("ok", score, extras)
+    except NonFiniteScore as e:
+        return Outcome("nonfinite", message=str(e)[:MAX_MESSAGE_CHARS])
     except (Exception, SystemExit) as e:  # noqa: BLE001 — containment is the point
         return Outcome("error", message=f"{type(e).__name__}: {e}"[:MAX_MESSAGE_CHARS])
 
@@ -86,10 +98,12 @@ def can_alarm() -> bool:
     return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
 
 
-def score_item_inline(fn: Callable[..., Any], item: Mapping[str, Any], timeout_s: float) -> Outcome:
+def score_item_inline(fn: Callable[..., Any], item: Mapping[str, Any], timeout_s: float,
+                      where: str = "in-process") -> Outcome:
     """`score_item` in this process, interrupted after `timeout_s` seconds (a *timeout*
-    `Outcome`) by ``SIGALRM``; only on the main thread (`can_alarm`). The previous
-    ``SIGALRM`` handler and interval timer are restored afterwards."""
+    `Outcome`, its message saying `where`) by ``SIGALRM``; only on the main thread
+    (`can_alarm`). The previous ``SIGALRM`` handler and interval timer are restored
+    afterwards."""
     if not can_alarm():
         raise RuntimeError("a reward timeout is enforced in-process with SIGALRM, which needs the main thread "
                            "of a POSIX process")
@@ -109,7 +123,7 @@ def score_item_inline(fn: Callable[..., Any], item: Mapping[str, Any], timeout_s
             armed = False
             signal.setitimer(signal.ITIMER_REAL, 0)
     except _InlineTimeout:
-        return Outcome("timeout", message=f"no result within timeout_s={timeout_s:g} (interrupted in-process)")
+        return Outcome("timeout", message=f"no result within timeout_s={timeout_s:g} (interrupted {where})")
     finally:
         signal.signal(signal.SIGALRM, previous_handler if previous_handler is not None else signal.SIG_DFL)
         if previous_delay > 0:
@@ -121,6 +135,7 @@ def score_item_inline(fn: Callable[..., Any], item: Mapping[str, Any], timeout_s
 
 _WORKER_FN: Callable[..., Any] | None = None
 _BARRIER: Any = None
+_TIMEOUT_S: float | None = None
 
 
 def _exit_with_owner(alive: Any) -> None:
@@ -133,18 +148,21 @@ def _exit_with_owner(alive: Any) -> None:
     os._exit(0)
 
 
-def _init_worker(fn_bytes: bytes, barrier: Any, alive: Any) -> None:
-    global _WORKER_FN, _BARRIER
+def _init_worker(fn_bytes: bytes, barrier: Any, alive: Any, timeout_s: float) -> None:
+    global _WORKER_FN, _BARRIER, _TIMEOUT_S
     threading.Thread(target=_exit_with_owner, args=(alive,), daemon=True, name="reward-owner-watch").start()
     _WORKER_FN = pickle.loads(fn_bytes)
     _BARRIER = barrier
+    _TIMEOUT_S = timeout_s
     load = getattr(_WORKER_FN, "load", None)  # e.g. FileRewardFn: import its file now
     if callable(load):
         load()
 
 
 def _run(item: Mapping[str, Any]) -> Outcome:
-    assert _WORKER_FN is not None, "reward worker was not initialised"
+    assert _WORKER_FN is not None and _TIMEOUT_S is not None, "reward worker was not initialised"
+    if can_alarm():  # tasks run on the worker's main thread
+        return score_item_inline(_WORKER_FN, item, _TIMEOUT_S, where="in the worker")
     return score_item(_WORKER_FN, item)
 
 
@@ -197,7 +215,8 @@ class ScoringPool:
         # workers hold the reading end; only this process writes (never): its death is their EOF
         self._alive_r, self._alive_w = self._context.Pipe(duplex=False)
         self._executor: ProcessPoolExecutor | None = None
-        self.restarts = 0  # pools replaced after a timeout or a dead worker
+        self.restarts = 0  # pools replaced after a timeout, a dead worker or an abandoned map
+        self._closed = False
         self._start()
 
     # -- pool lifecycle --
@@ -207,7 +226,7 @@ class ScoringPool:
             max_workers=self.num_workers,
             mp_context=self._context,
             initializer=_init_worker,
-            initargs=(self._fn_bytes, self._context.Barrier(self.num_workers), self._alive_r),
+            initargs=(self._fn_bytes, self._context.Barrier(self.num_workers), self._alive_r, self.timeout_s),
         )
         try:
             # Start and initialise every worker now, so that no item's clock runs while
@@ -223,11 +242,14 @@ class ScoringPool:
                 f"({type(e).__name__}: {e}); see the worker's traceback above"
             ) from e
 
+    def _processes(self) -> list:
+        return list((getattr(self._executor, "_processes", None) or {}).values())
+
     def _kill(self) -> None:
+        processes = self._processes()
         executor, self._executor = self._executor, None
         if executor is None:
             return
-        processes = list((getattr(executor, "_processes", None) or {}).values())
         for p in processes:
             if p.is_alive():
                 p.terminate()
@@ -238,17 +260,27 @@ class ScoringPool:
                 p.kill()
                 p.join(timeout=2.0)
 
-    def _restart(self) -> None:
+    def _discard(self) -> None:
+        """Kill the pool; a fresh one starts when there is something to score (`restarts`
+        counts the pools discarded)."""
         self._kill()
         self.restarts += 1
-        self._start()
+
+    def _ensure_started(self) -> None:
+        if self._executor is None:
+            self._start()
+
+    def _restart(self) -> None:
+        self._discard()
+        self._ensure_started()
 
     def close(self) -> None:
+        self._closed = True
         executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
-            self._alive_w.close()  # any worker still around exits
-            self._alive_r.close()
+        self._alive_w.close()  # any worker still around exits
+        self._alive_r.close()
 
     def __enter__(self) -> "ScoringPool":
         return self
@@ -266,16 +298,37 @@ class ScoringPool:
             self._restart()
             return self._executor.submit(_run, item)
 
-    def map(self, items: Sequence[Mapping[str, Any]]) -> list[Outcome]:
-        """One `Outcome` per item, in order."""
-        if self._executor is None:
+    def map(self, items: Sequence[Mapping[str, Any]],
+            on_outcome: Callable[[int, Outcome], None] | None = None) -> list[Outcome]:
+        """One `Outcome` per item, in order. `on_outcome(index, outcome)` is called as each
+        arrives; if it raises, the items in flight are abandoned with their pool and the
+        error propagates."""
+        if self._closed:
             raise RuntimeError("the scoring pool is closed")
+        if self._executor is not None and not all(p.is_alive() for p in self._processes()):
+            self._restart()  # a worker died between batches (a signal, the OOM killer)
         outcomes: list[Outcome | None] = [None] * len(items)
+        inflight: dict[Future, tuple[int, float, bool]] = {}  # future -> (index, start, alone)
+        try:
+            self._map(items, outcomes, inflight, on_outcome)
+        except BaseException:
+            if inflight:
+                self._discard()  # its workers may be busy for up to timeout_s: not worth waiting for
+            raise
+        return [o for o in outcomes if o is not None]
+
+    def _map(self, items, outcomes, inflight, on_outcome) -> None:
         queue = collections.deque(range(len(items)))
         suspects: collections.deque[int] = collections.deque()  # rerun alone after a worker died
-        inflight: dict[Future, tuple[int, float, bool]] = {}  # future -> (index, start, alone)
+        kill_after = self.timeout_s + KILL_GRACE_S  # the worker's own alarm fires at timeout_s
+
+        def settle(i: int, outcome: Outcome) -> None:
+            outcomes[i] = outcome
+            if on_outcome is not None:
+                on_outcome(i, outcome)
 
         while queue or suspects or inflight:
+            self._ensure_started()  # after a kill (a hung call, a dead worker, an abandoned map)
             if suspects:
                 if not inflight:
                     i = suspects.popleft()
@@ -285,35 +338,36 @@ class ScoringPool:
                     i = queue.popleft()
                     inflight[self._submit(items[i])] = (i, time.monotonic(), False)
 
-            deadline = min(start for _, start, _ in inflight.values()) + self.timeout_s
+            deadline = min(start for _, start, _ in inflight.values()) + kill_after
             done, _ = wait(list(inflight), timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
             broken = False
             for future in done:
                 i, _, alone = inflight.pop(future)
                 try:
-                    outcomes[i] = future.result()
+                    outcome = future.result()
                 except BrokenProcessPool:
                     broken = True
                     if alone:
-                        outcomes[i] = Outcome("error", message="the reward worker process died while scoring this item")
+                        settle(i, Outcome("error", message="the reward worker process died while scoring this item"))
                     else:
                         suspects.append(i)
                 except Exception as e:  # e.g. an unpicklable item or result
-                    outcomes[i] = Outcome("error", message=f"{type(e).__name__}: {e}"[:MAX_MESSAGE_CHARS])
+                    settle(i, Outcome("error", message=f"{type(e).__name__}: {e}"[:MAX_MESSAGE_CHARS]))
+                else:
+                    settle(i, outcome)
 
             now = time.monotonic()
-            expired = [f for f, (_, start, _) in inflight.items() if now - start >= self.timeout_s]
-            for future in expired:
-                i, _, _ = inflight.pop(future)
-                outcomes[i] = Outcome("timeout", message=f"no result within timeout_s={self.timeout_s:g}")
+            expired = [inflight.pop(f)[0] for f, (_, start, _) in list(inflight.items()) if now - start >= kill_after]
             if expired or broken:
-                # The other in-flight items die with the pool: rerun them.
+                # The pool goes (a fresh one starts when there is more to score); the other
+                # in-flight items die with it: rerun them.
                 for i, _, alone in inflight.values():
                     if broken and not alone:
                         suspects.append(i)
                     else:
                         queue.appendleft(i)
                 inflight.clear()
-                self._restart()
-
-        return [o for o in outcomes if o is not None]
+                self._discard()
+            for i in expired:
+                settle(i, Outcome("timeout", message=f"no result within timeout_s={self.timeout_s:g} (its worker "
+                                                     "process was killed)"))

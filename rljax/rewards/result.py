@@ -33,9 +33,22 @@ def _plain(value: Any) -> Any:
     return value
 
 
+class NonFiniteScore(ValueError):
+    """A reward function returned a score that is not finite in float32 (nan, +-inf, or
+    beyond float32's range, e.g. 1e308): no score to train on, whatever the failure policy."""
+
+
+def finite_in_float32(value: float) -> bool:
+    """Whether `value` stays finite once rounded to float32, the dtype rewards are trained in
+    (anything above float32's max by at least half an ulp rounds to inf)."""
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(np.float32(value)))
+
+
 def read_score(result: Any) -> tuple[float, dict[str, Any]]:
     """``float | dict`` from a reward function -> (score, extra fields). A dict needs a
-    ``"score"``; the score must be a finite real number (a bool counts as 0/1)."""
+    ``"score"``; the score must be a real number (a bool counts as 0/1) that is finite in
+    float32 (`NonFiniteScore` otherwise)."""
     extras: dict[str, Any] = {}
     if isinstance(result, dict):
         if "score" not in result:
@@ -48,8 +61,9 @@ def read_score(result: Any) -> tuple[float, dict[str, Any]]:
     if not isinstance(result, Real):
         raise TypeError(f"a reward must be a real number or a dict with 'score', got {type(result).__name__}")
     score = float(result)
-    if not math.isfinite(score):
-        raise ValueError(f"non-finite reward {score}")
+    if not finite_in_float32(score):
+        raise NonFiniteScore(f"non-finite reward {score!r}" if not math.isfinite(score)
+                             else f"non-finite reward {score!r} (inf in float32)")
     return score, extras
 
 

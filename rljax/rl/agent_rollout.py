@@ -4,7 +4,8 @@ Each prompt becomes `rollout.n` episodes of `rljax.agent` (tools or an environme
 run concurrently against the sampler's async API so they share its continuous batching.
 A trajectory keeps the exact sampled tokens (mask 1, with their log-probs) and the
 observation tokens (mask 0); its score is the task reward of the final assistant message
-(`compute_score`, as single-turn) plus the tool / environment rewards of the episode.
+(the configured reward sources, `rljax.rewards.sources`, as single-turn) plus the tool /
+environment rewards of the episode.
 With routing replay (`actor.router_replay`, MoE) its sample also carries `expert_ids`
 `[P + R, L, k]`, like a single-turn sample's, stitched from its turns' records
 (`rljax.agent.trajectory.stitch_routing`).
@@ -42,6 +43,7 @@ import numpy as np
 from rljax.agent import AgentConfig, AgentLoop, Episode, RolloutSamplerAdapter, collect_metrics
 from rljax.agent.tools.registry import load_tools
 from rljax.config import load_section
+from rljax.rewards.sources import RewardBatch, RewardSources, check_finite
 from rljax.rl.batch import Sample
 from rljax.rl.reward_config import OverlongBufferConfig
 from rljax.rl.scoring import ScoredRollout, overlong_shaping
@@ -91,13 +93,13 @@ def _check_row_tools(prompts: dict[str, list], schemas: list[dict]) -> None:
             return
 
 
-def agent_generate_and_score(sampler, reward_manager, tokenizer, prompts: dict[str, list], params: SamplingParams,
-                             config: AgentConfig, group_offset: int = 0, model_rewards=None,
+def agent_generate_and_score(sampler, rewards: RewardSources, tokenizer, prompts: dict[str, list],
+                             params: SamplingParams, config: AgentConfig, group_offset: int = 0,
                              overlong_buffer: OverlongBufferConfig | None = None) -> ScoredRollout:
-    """`params.n` agent episodes per prompt, scored; group ids start at `group_offset`.
-    With `model_rewards` (`rljax.rl.model_rewards.ModelRewards`) a reward model scores the
-    whole trajectory's tokens (prompt, sampled turns and observations, exactly as
-    trained on) and a verifier grades the final answer, on top of the rule score.
+    """`params.n` agent episodes per prompt, scored by `rewards`; group ids start at
+    `group_offset`. The rule or custom function grades the final answer; a reward model
+    scores the whole trajectory's tokens (prompt, sampled turns and observations, exactly
+    as trained on) and a verifier grades the final answer with the conversation before it.
 
     `params.max_tokens` (the rollout's response length) caps each episode's response budget;
     with `overlong_buffer` enabled, DAPO's overlong shaping penalises an episode whose whole
@@ -137,15 +139,16 @@ def agent_generate_and_score(sampler, reward_manager, tokenizer, prompts: dict[s
     for t in trajectories:
         i = t.metadata["index"]
         items.append({"data_source": prompts["data_source"][i], "solution_str": final_answer(t.messages),
-                      "ground_truth": prompts["ground_truth"][i], "extra_info": prompts["extra_info"][i]})
-    if model_rewards is None:
-        result = reward_manager.score(items)
-    else:
-        tokens = [Sample(prompt_ids=list(t.prompt_ids), response_ids=list(t.response_ids), response_mask=[],
-                         response_log_probs=[], group_id=int(t.group_id)) for t in trajectories]
-        conversations = [t.messages[:-1] if t.messages and t.messages[-1].get("role") == "assistant" else t.messages
-                         for t in trajectories]
-        result = model_rewards.score(reward_manager, items, tokens, conversations)
+                      "ground_truth": prompts["ground_truth"][i], "extra_info": prompts["extra_info"][i],
+                      "uid": int(t.group_id)})
+    conversations = [t.messages[:-1] if t.messages and t.messages[-1].get("role") == "assistant" else t.messages
+                     for t in trajectories]
+    batch = RewardBatch(items, [list(t.prompt_ids) + list(t.response_ids) for t in trajectories], conversations)
+    result = rewards.score(batch)
+    with np.errstate(over="ignore", invalid="ignore"):
+        totals = np.asarray([float(score) + float(t.reward) for t, score in zip(trajectories, result.scores)],
+                            np.float32)
+    check_finite(totals, batch, "the episode reward (task reward + tool / environment rewards)")
     samples, records = [], []
     for t, task_score in zip(trajectories, np.asarray(result.scores, np.float32)):
         samples.append(Sample(prompt_ids=list(t.prompt_ids), response_ids=list(t.response_ids),

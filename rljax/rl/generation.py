@@ -1,7 +1,9 @@
 """The generation side of the RL loop, built from the config: the sampler (or the rollout
-replicas), the reward manager, the model rewards and one "rollout" function (sample
-`params.n` responses per prompt and score them, single-turn or as agent episodes). The
-trainer and `rljax eval` both build them here, as a `Generation`.
+replicas), the reward sources (`make_reward_sources`: the rule or custom function, then a
+reward model and a verifier when enabled, combined by `rljax.rewards.sources.RewardSources`)
+and one "rollout" function (sample `params.n` responses per prompt and score them,
+single-turn or as agent episodes). The trainer and `rljax eval` both build them here, as a
+`Generation`.
 
 Layouts (`rollout.tensor_parallel_size`):
 - 0: one sampler on the training mesh, reading the trainer's arrays as they are (zero
@@ -18,6 +20,7 @@ from typing import Any, Callable
 import jax
 
 from rljax.rewards.manager import RewardManager
+from rljax.rewards.sources import Combine, FunctionSource, RewardSources
 from rljax.rl.agent_rollout import agent_generate_and_score
 from rljax.rl.config import RLConfig
 from rljax.rl.main_thread import OnMainThread
@@ -40,20 +43,33 @@ def make_reward_manager(cfg: RLConfig) -> RewardManager:
     custom = r.custom_reward_function
     return RewardManager.from_config(
         {"mode": r.mode, "num_workers": r.num_workers, "timeout_s": r.timeout_s,
-         "trust_custom_reward": r.trust_custom_reward, "max_consecutive_failed_steps": r.max_consecutive_failed_steps},
+         "trust_custom_reward": r.trust_custom_reward, "max_consecutive_failed_steps": r.max_consecutive_failed_steps,
+         "on_error": r.on_error},
         dataclasses.asdict(custom) if custom.path else None)
 
 
-def make_rollout_fn(sampler: Sampler, rewards: RewardManager, tokenizer, cfg: RLConfig, agent=None,
-                  model_rewards=None) -> RolloutFn:
-    """`round(prompts, params, offset) -> ScoredRollout`: agent episodes when `agent` (an
-    `AgentConfig`) is given, else single-turn sampling; scored by `rewards`, plus
-    `model_rewards` (reward model / verifier) when given."""
+def make_reward_sources(cfg: RLConfig, tokenizer, policy=None, policy_params: Callable[[], Any] | None = None,
+                        mesh=None) -> RewardSources:
+    """The run's reward sources, in order: the rule or custom function (`make_reward_manager`),
+    then the reward model and the verifier when enabled (`build_model_rewards`), each with
+    its `combine` and `weight`. Beside model sources, a data_source with no rule scores 0."""
+    manager = make_reward_manager(cfg)
+    try:
+        models = build_model_rewards(cfg, tokenizer, policy, policy_params, mesh)
+    except BaseException:
+        manager.close()
+        raise
+    return RewardSources([(FunctionSource(manager, zero_where_no_rule=bool(models)), Combine())] + models)
+
+
+def make_rollout_fn(sampler: Sampler, rewards: RewardSources, tokenizer, cfg: RLConfig, agent=None) -> RolloutFn:
+    """`rollout(prompts, params, offset) -> ScoredRollout`: agent episodes when `agent` (an
+    `AgentConfig`) is given, else single-turn sampling; scored by `rewards`."""
     if agent is not None:
         return lambda prompts, params, offset: agent_generate_and_score(
-            sampler, rewards, tokenizer, prompts, params, agent, offset, model_rewards, cfg.reward.overlong_buffer)
+            sampler, rewards, tokenizer, prompts, params, agent, offset, cfg.reward.overlong_buffer)
     return lambda prompts, params, offset: generate_and_score(
-        sampler.generate, rewards, tokenizer, prompts, params, cfg, offset, model_rewards)
+        sampler.generate, rewards, tokenizer, prompts, params, cfg, offset)
 
 
 def rollout_layout(cfg: RLConfig) -> ReplicaLayout:
@@ -72,16 +88,16 @@ def rollout_layout(cfg: RLConfig) -> ReplicaLayout:
 
 
 class Generation:
-    """A run's generation side (module docstring): `round(prompts, params, offset)`,
-    `update_params(policy params)`, `close()`. `policy_params` gives the current weights
-    to a self-verifier (`reward.verifier.path: policy`)."""
+    """A run's generation side (module docstring): `rollout(prompts, params, offset)`,
+    `update_params(policy params)`, `close()`. `rewards` are its reward sources;
+    `policy_params` gives the current weights to a self-verifier (`reward.verifier.path:
+    policy`)."""
 
     def __init__(self, cfg: RLConfig, decoder, tokenizer, agent=None, policy_params: Callable[[], Any] | None = None,
                  mesh=None):
         r = cfg.rollout
         self.cfg, self.tokenizer, self.agent = cfg, tokenizer, agent
-        self.rewards = make_reward_manager(cfg)
-        self.model_rewards = build_model_rewards(cfg, tokenizer, decoder, policy_params, mesh)
+        self.rewards = make_reward_sources(cfg, tokenizer, decoder, policy_params, mesh)
         self.sampler = self.replicas = None
         if r.tensor_parallel_size:
             layout = rollout_layout(cfg)
@@ -91,9 +107,9 @@ class Generation:
             self.sampler = make_sampler(cfg, decoder)
 
     def _rollout_on(self, sampler: Sampler, prompts: dict, params: SamplingParams, offset: int) -> ScoredRollout:
-        rewards = self.rewards if self.replicas is None else OnMainThread(self.rewards, self.replicas.main_thread)
-        return make_rollout_fn(sampler, rewards, self.tokenizer, self.cfg, self.agent, self.model_rewards)(
-            prompts, params, offset)
+        rewards = self.rewards if self.replicas is None else self.rewards.with_function_managers(
+            lambda manager: OnMainThread(manager, self.replicas.main_thread))
+        return make_rollout_fn(sampler, rewards, self.tokenizer, self.cfg, self.agent)(prompts, params, offset)
 
     def rollout(self, prompts: dict, params: SamplingParams, offset: int = 0) -> ScoredRollout:
         """Sample and score `prompts` (groups numbered from `offset`); with replicas, every
@@ -118,11 +134,9 @@ class Generation:
         return sum(s.num_compiled_programs for s in samplers)
 
     def close(self) -> None:
-        """Release the sampler(s), the reward workers and the model rewards; every one is
-        closed even if another fails (the first error is raised)."""
+        """Release the sampler(s) and the reward sources (worker processes, a verifier's
+        sampler); every one is closed even if another fails (the first error is raised)."""
         closers = [self.rewards.close, (self.sampler or self.replicas).close]
-        if self.model_rewards is not None:
-            closers.append(self.model_rewards.close)
         first = None
         for close in closers:
             try:

@@ -110,12 +110,19 @@ class VerifierConfig:
 class RewardConfig:
     """How rule rewards are computed (`rljax.rewards.manager.RewardManager`).
 
-    `mode`: `process` runs every reward function in worker processes (a hang is a timeout
-    after `timeout_s`, a crash a counted failure); `inline` runs the built-in scorers in the
-    trainer's process (faster; `timeout_s` is enforced there with SIGALRM), while a custom
-    function still runs in worker processes unless `trust_custom_reward` is true.
-    `max_consecutive_failed_steps`: a reward that fails on every sample of that many batches
-    in a row stops the run with an error naming the function (0: never)."""
+    `mode`: `process` runs every reward function in worker processes (a call running past
+    `timeout_s` is interrupted in its worker, or the worker killed a second later; a crash
+    is a failure); `inline` runs the built-in scorers in the trainer's process (faster;
+    `timeout_s` is enforced there with SIGALRM), while a custom function still runs in
+    worker processes unless `trust_custom_reward` is true.
+    `on_error`: what a failed sample (an exception, a timeout, a dead worker) becomes:
+    `zero` scores it 0, counted in `reward/errors` / `reward/timeouts`, one line for the
+    first failure of a batch; `fail` stops the run at the first failure with one line
+    naming the function and the sample. A reward not finite in float32 (nan, inf, 1e308)
+    always stops the run.
+    `max_consecutive_failed_steps`: with `on_error: zero`, a reward that fails on every
+    sample of that many batches in a row stops the run with an error naming the function
+    (0: never)."""
 
     custom_reward_function: CustomRewardFunction = field(default_factory=CustomRewardFunction)  # verl's key
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # DAPO's overlong shaping
@@ -126,6 +133,7 @@ class RewardConfig:
     num_workers: PositiveInt = 2  # worker processes (mode=process, or a custom function)
     trust_custom_reward: bool = False  # inline mode: run the custom function in the trainer's process too
     max_consecutive_failed_steps: NonNegInt = 3  # batches in a row where a reward fails on every sample; 0: never stop
+    on_error: Literal["zero", "fail"] = "zero"  # a failed sample (error, timeout) scores 0 and is counted | stops the run
 
     def check(self) -> None:
         if self.trust_custom_reward and self.mode != "inline":

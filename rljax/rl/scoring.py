@@ -1,5 +1,6 @@
 """Prompts -> scored samples: generation with the sampler, decoding for the reward
-function only, scoring, and DAPO's dynamic sampling.
+function only, scoring by the configured reward sources (`rljax.rewards.sources`), and
+DAPO's dynamic sampling.
 
 Token ids flow from the sampler to the training batch untouched; responses are decoded
 only to hand a string to `compute_score`.
@@ -15,6 +16,7 @@ import numpy as np
 
 from rljax.metrics import reduce_metrics
 from rljax.rewards.overlong import apply_overlong_penalty
+from rljax.rewards.sources import RewardBatch, RewardSources
 from rljax.rl.batch import Sample
 from rljax.rl.config import OverlongBufferConfig, RLConfig
 from rljax.rollout.params import SamplingParams
@@ -29,19 +31,16 @@ class ScoredRollout:
 
 def generate_and_score(
     generate: Callable[[list[list[int]], SamplingParams], list],
-    reward_manager,
+    rewards: RewardSources,
     tokenizer,
     prompts: dict[str, list],
     params: SamplingParams,
     cfg: RLConfig,
     group_offset: int = 0,
-    model_rewards=None,
 ) -> ScoredRollout:
-    """Sample `params.n` responses per prompt and score them; group ids start at
-    `group_offset` so several generation batches can share one batch. `model_rewards`
-    (`rljax.rl.model_rewards.ModelRewards`, when `reward.reward_model` or
-    `reward.verifier` is enabled) adds a reward model's / verifier's scores to the rule
-    scores."""
+    """Sample `params.n` responses per prompt and score them with `rewards` (the rule or
+    custom function, then a reward model / verifier when configured); group ids start at
+    `group_offset` so several generation batches can share one batch."""
     # prompt i samples stream params.stream + group_offset + i (Sampler.generate numbers from the base)
     completions = generate(prompts["prompt_ids"], dataclasses.replace(params, stream=params.stream + group_offset))
     items, samples, records = [], [], []
@@ -53,6 +52,7 @@ def generate_and_score(
             "solution_str": text,
             "ground_truth": prompts["ground_truth"][i],
             "extra_info": prompts["extra_info"][i],
+            "uid": group_offset + i,
         })
         samples.append(Sample(
             prompt_ids=list(c.prompt_token_ids), response_ids=list(c.token_ids),
@@ -61,12 +61,10 @@ def generate_and_score(
         ))
         records.append({"data_source": prompts["data_source"][i], "prompt_index": group_offset + i,
                         "solution_str": text})
-    if model_rewards is None:
-        result = reward_manager.score(items)
-    else:
-        raw = prompts.get("raw_prompt")
-        result = model_rewards.score(reward_manager, items, samples,
-                                     None if raw is None else [raw[int(c.request_index)] for c in completions])
+    raw = prompts.get("raw_prompt")
+    result = rewards.score(RewardBatch(
+        items, [s.prompt_ids + s.response_ids for s in samples],
+        None if raw is None else [raw[int(c.request_index)] for c in completions]))
     metrics = dict(result.metrics)
     scores = overlong_shaping(result.scores, samples, cfg.rollout.response_length, cfg.reward.overlong_buffer,
                               metrics)

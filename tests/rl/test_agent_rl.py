@@ -41,6 +41,7 @@ from rljax.data.synthetic_tools import CALCULATOR_SCHEMA, DATA_SOURCE, make_rows
 from rljax.data.tokenizer import build_char_tokenizer
 from rljax.rewards import compute_score
 from rljax.rewards.manager import RewardManager
+from rljax.rewards.sources import Combine, FunctionSource, RewardModelSource, RewardSources
 from rljax.rl.agent_rollout import agent_config, agent_generate_and_score, resolve_tool_config_path
 from rljax.rl.batch import build_batch
 from rljax.rl.config import RLConfig
@@ -250,7 +251,8 @@ def test_agent_generate_and_score_masks_and_rewards(tok):
     sampler = ScriptedRolloutSampler(tok, script)
     config = agent_config({"tool_config_path": TOOLS_YAML, "max_turns": 3, "max_tokens_per_turn": 96,
                            "min_turn_tokens": 8})
-    rewards = RewardManager.from_config({"mode": "inline"})
+    manager = RewardManager.from_config({"mode": "inline"})
+    rewards = RewardSources([(FunctionSource(manager), Combine())])
     params = SamplingParams(n=2, temperature=1.0, max_tokens=128, seed=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the rows' tools are the agent's: no warning
@@ -267,15 +269,13 @@ def test_agent_generate_and_score_masks_and_rewards(tok):
     assert sorted(s.score for s in out.samples) == [0, 0, 0, 0, 1, 1]
     assert sum(s.truncated for s in out.samples) == 2
     # a reward model on top (`add`, weight 0.5) scores the whole trajectory's exact tokens
-    from rljax.rl.model_rewards import ModelRewards
-
     class LengthScorer:
         def score(self, sequences):
             return np.asarray([len(x) for x in sequences], np.float32)
 
-    with_rm = agent_generate_and_score(sampler, rewards, tok, prompts, params, config, group_offset=5,
-                                       model_rewards=ModelRewards(scorer=LengthScorer(), rm_combine="add",
-                                                                  rm_weight=0.5))
+    with_rm_sources = RewardSources([(FunctionSource(manager, zero_where_no_rule=True), Combine()),
+                                     (RewardModelSource(LengthScorer()), Combine("add", 0.5))])
+    with_rm = agent_generate_and_score(sampler, with_rm_sources, tok, prompts, params, config, group_offset=5)
     for plain, s, rec in zip(out.samples, with_rm.samples, with_rm.records):
         assert s.response_ids == plain.response_ids  # seeded episodes: the same trajectories
         assert s.score == plain.score + 0.5 * (len(s.prompt_ids) + len(s.response_ids))

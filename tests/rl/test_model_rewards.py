@@ -5,7 +5,7 @@
   untied embeddings) and scores like transformers' `AutoModelForSequenceClassification`
   on a right-padded batch; directories that are not one-label sequence-classification
   checkpoints are named in the error.
-- `ModelRewards` without any model: rule / RM / verifier scores combine as configured,
+- Reward sources without any model: rule / RM / verifier scores combine as configured,
   a data_source with no rule scores 0 instead of failing, a verdict becomes the reward
   through `generate_and_score`.
 - One tiny GRPO step with `reward.reward_model.enable`: `token_level_scores` are the RM's
@@ -36,9 +36,10 @@ from rljax.models import CheckpointMismatchError, ModelConfig, init_model, load_
 from rljax.models.heads import ScalarHeadModel
 from rljax.rewards import GenerativeVerifier, parse_yes_no
 from rljax.rewards.manager import RewardManager
+from rljax.rewards.sources import Combine, FunctionSource, RewardBatch, RewardModelSource, RewardSources, VerifierSource
 from rljax.rl.batch import Sample, build_batch
 from rljax.rl.config import RLConfig, RewardModelConfig, VerifierConfig
-from rljax.rl.model_rewards import ModelRewards, build_model_rewards
+from rljax.rl.model_rewards import build_model_rewards
 from rljax.rl.scoring import generate_and_score
 from rljax.rl.trainer import RLTrainer
 from rljax.rollout.params import Completion, SamplingParams
@@ -182,7 +183,7 @@ def test_config_sections_and_errors(rm_dirs, tmp_path, tok):
                      "verifier": {"enable": False, "parse": "score"}})
     assert cfg.reward.reward_model == RewardModelConfig(enable=True, path="/nowhere/rm", combine="add", weight=0.5)
     assert cfg.reward.verifier.path == "policy" and cfg.reward.verifier.parse == "score"
-    assert build_model_rewards(rl_config({}), tok) is None  # neither enabled: the hot path is unchanged
+    assert build_model_rewards(rl_config({}), tok) == []  # neither enabled: the rule source alone
     with pytest.raises(ConfigError, match=r"reward\.reward_model\.path='/nowhere/rm': no such directory"):
         build_model_rewards(cfg, tok)
     with pytest.raises(ConfigError, match=r"unknown config key 'reward\.reward_model\.pth'; did you mean 'path'"):
@@ -199,8 +200,8 @@ def test_config_sections_and_errors(rm_dirs, tmp_path, tok):
         build_model_rewards(rl_config({"verifier": {"enable": True, "path": "/nowhere/judge"}}), tok)
     with_agent = build_model_rewards(from_dict(RLConfig, {"agent": {"max_turns": 2}, "reward": {
         "reward_model": {"enable": True, "path": rm_dirs[True][1]}}}), tok)  # agent rollouts score with it too
-    assert with_agent is not None and with_agent.scorer is not None
-    with_agent.close()
+    assert [(type(source), how) for source, how in with_agent] == [(RewardModelSource, Combine("replace", 1.0))]
+    with_agent[0][0].close()
 
 
 # ---- combination, without models ------------------------------------------------------------
@@ -231,22 +232,27 @@ def items_and_samples():
 
 def test_rule_and_reward_model_scores_combine():
     items, samples = items_and_samples()
+    batch = RewardBatch(items, [s.prompt_ids + s.response_ids for s in samples])
     with RewardManager(mode="inline") as manager:
-        rule = ModelRewards().rule_scores(manager, items)  # no error for the unregistered data_source
+        rule_source = FunctionSource(manager, zero_where_no_rule=True)
+        rule = rule_source.score(batch)  # no error for the unregistered data_source
         assert rule.scores.tolist() == [1.0, 0.0, 0.0] and rule.extras["acc"] == [True, False, None]
         scorer = LengthScorer()
-        replace = ModelRewards(scorer=scorer, rm_weight=2.0).score(manager, items, samples)
+        replace = RewardSources([(rule_source, Combine()),
+                                 (RewardModelSource(scorer), Combine("replace", 2.0))]).score(batch)
         assert scorer.seqs == [[1, 2, 3, 9], [1, 2, 3, 9, 9], [1, 2, 3, 9, 9, 9, 9, 9]]  # prompt + response ids
         np.testing.assert_allclose(replace.scores, [0.8, 1.0, 1.6], rtol=1e-6)
         assert replace.extras["acc"] == [True, False, None]
         np.testing.assert_allclose(replace.extras["reward_model_score"], [0.4, 0.5, 0.8], rtol=1e-6)
         assert replace.metrics["reward_model/score/mean"] == pytest.approx(1.7 / 3)
-        add = ModelRewards(scorer=LengthScorer(), rm_combine="add", rm_weight=0.5).score(manager, items, samples)
+        add = RewardSources([(rule_source, Combine()),
+                             (RewardModelSource(LengthScorer()), Combine("add", 0.5))]).score(batch)
         np.testing.assert_allclose(add.scores, [1.2, 0.25, 0.4], rtol=1e-6)
         # an RM with its own vocabulary: each chat is re-rendered (raw prompt + decoded response)
         other = LengthScorer()
         raw = [[{"role": "user", "content": "3+4="}]] * 3
-        ModelRewards(scorer=other, rm_reuses_ids=False).score(manager, items, samples, raw)
+        RewardSources([(rule_source, Combine()), (RewardModelSource(other, reuses_ids=False), Combine())]).score(
+            RewardBatch(items, batch.sequences, raw))
         assert other.chats[2] == [{"role": "user", "content": "3+4="}, {"role": "assistant", "content": "abc"}]
 
 
@@ -279,11 +285,11 @@ def test_verifier_verdict_is_the_reward(tok, caplog, monkeypatch):
                 for i, p in enumerate(prompt_ids) for k in range(params.n)]
 
     verifier = GenerativeVerifier(Judge(tok), tok, "Q={question}; A={answer}; R={ground_truth};")
-    rewards = ModelRewards(verifier=verifier, verifier_combine="add", verifier_weight=2.0)
     cfg = rl_config({})
     with RewardManager(mode="inline") as manager:
-        rollout = generate_and_score(generate, manager, tok, prompts, SamplingParams(n=2, max_tokens=8), cfg, 10,
-                                     rewards)
+        rewards = RewardSources([(FunctionSource(manager, zero_where_no_rule=True), Combine()),
+                                 (VerifierSource(verifier), Combine("add", 2.0))])
+        rollout = generate_and_score(generate, rewards, tok, prompts, SamplingParams(n=2, max_tokens=8), cfg, 10)
     assert [s.score for s in rollout.samples] == [2.0, 0.0, 2.0, 0.0]  # no rule applies: 0 + 2 x verdict
     # ... which is said once, loudly, not silently
     assert len([r for r in caplog.records if "NO REWARD FUNCTION for data_source 'my/judged_only'"
@@ -321,7 +327,7 @@ def test_grpo_step_rewards_are_reward_model_scores(tmp_path, rm_dirs, tok):
                       "actor.ppo_mini_batch_size=2", "actor.optim.lr=1e-2", "reward.reward_model.enable=true",
                       f"reward.reward_model.path={rm_path}", "reward.reward_model.batch_size=8")
     trainer = RLTrainer(cfg)
-    assert trainer.generation.model_rewards.rm_reuses_ids  # the RM folder's tokenizer is the policy's
+    assert trainer.generation.rewards.sources[1].reuses_ids  # the RM folder's tokenizer is the policy's
     captured = capture_batches(trainer)
     try:
         metrics = trainer.step()
@@ -332,9 +338,10 @@ def test_grpo_step_rewards_are_reward_model_scores(tmp_path, rm_dirs, tok):
                                      max_tokens=4, max_model_len=96, max_num_seqs=8, num_pages=32,
                                      combine="add", weight=2.0)))
         policy = nnx.merge(trainer.actor.graphdef, trainer.actor.state.params)
-        trainer.generation.model_rewards.close()
-        trainer.generation.model_rewards = build_model_rewards(judge_cfg, trainer.tokenizer, policy,
-                                                               lambda: trainer.actor.state.params, trainer.mesh)
+        rule, (rm_source, _) = trainer.generation.rewards.steps
+        rm_source.close()
+        trainer.generation.rewards = RewardSources([rule] + build_model_rewards(
+            judge_cfg, trainer.tokenizer, policy, lambda: trainer.actor.state.params, trainer.mesh))
         judged = trainer.run_rollout(next(trainer.train_data), cfg.sampling_params(step=1), 0)
     finally:
         trainer.close()
