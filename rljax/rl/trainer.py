@@ -240,7 +240,7 @@ class RLTrainer:
 
     def close(self, error: BaseException | None = None) -> None:
         """Finish the save in flight and release the tracker, sampler, reward workers and
-        model rewards (`rljax.runs.Run.close`). `error`: what ended the run."""
+        reward sources (`rljax.runs.Run.close`). `error`: what ended the run."""
         self.run.close(error, getattr(self, "_at", self.step_count))
 
 
