@@ -65,7 +65,13 @@ class ModelRunConfig:
 
     def check(self) -> None:
         from rljax.models.attention import ATTENTION_KERNELS
+        from rljax.models.config import ModelConfigError, check_hf_dict
         from rljax.models.transformer import REMAT_POLICIES
+
+        try:
+            check_hf_dict(self.hf_config)
+        except ModelConfigError as e:
+            raise FieldError(f"hf_config.{e.key}", e.message) from None
 
         for name, value, registry in (("remat", self.remat, REMAT_POLICIES),
                                       ("attention", self.attention, ATTENTION_KERNELS)):
