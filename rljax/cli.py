@@ -9,8 +9,10 @@ arguments on stderr and exits 2.
 
 Errors: a known error (`is_known_error`: a bad config, data file, model or checkpoint
 folder, sampler setting, reward function...) prints as ``rljax: error: <message>`` on
-stderr, plus one line saying how to see the traceback, and exits 2 for a config error,
-1 otherwise. Anything else (a bug) keeps its traceback. ``--debug`` (before or after the
+stderr, plus one line saying where the traceback is: an error that stopped a run (it
+carries `rljax_log`, set by `rljax.runs.Run.close`) has its traceback appended to the
+run's `log.txt`, any other is shown by ``--debug``; it exits 2 for a config error, 1
+otherwise. Anything else (a bug) keeps its traceback. ``--debug`` (before or after the
 subcommand) or ``RLJAX_DEBUG=1`` shows the traceback of every error.
 """
 
@@ -132,8 +134,28 @@ def main(argv: list[str] | None = None) -> int:
         if debug or not is_known_error(error):
             raise
         print(f"rljax: error: {error_message(error)}", file=sys.stderr)
-        print(f"rljax: (--debug or {DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
+        log = _log_traceback(error, argv)
+        print(f"rljax: the traceback is in {log}" if log else f"rljax: (--debug or {DEBUG_ENV}=1 shows the traceback)",
+              file=sys.stderr)
         return _exit_code(error)
+
+
+def _log_traceback(error: BaseException, argv: list[str]) -> str | None:
+    """Append `error`'s traceback to the log file of the run it stopped (`rljax_log`);
+    -> that path, or None when there is none or it cannot be written (a full disk)."""
+    import datetime
+    import traceback
+
+    path = getattr(error, "rljax_log", None)
+    if not path:
+        return None
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        with open(path, "a") as f:
+            f.write(f"{when} rljax {' '.join(argv)}\n{''.join(traceback.format_exception(error))}\n")
+    except OSError:
+        return None
+    return path
 
 
 if __name__ == "__main__":

@@ -61,7 +61,10 @@ def test_a_run_ending_in_non_finite_steps_exits_non_zero_and_keeps_the_last_fini
     assert code == 1
     assert err[0].startswith("rljax: error: the run reached step 4, but updates were skipped"), err
     assert "step 3, 4" in err[0] and "step 4 was not checkpointed" in err[0] and f"{ckpt}/2" in err[0], err
-    assert len(err) == 2 and "Traceback" not in "\n".join(err), err  # the message and where the details are
+    log = os.path.join(str(tmp_path), "sft_tiny", "log.txt")
+    assert err[1:] == [f"rljax: the traceback is in {log}"], err  # the message, and where the details are
+    with open(log) as f:
+        assert "Traceback" in f.read()
     assert Checkpointer(ckpt, async_save=False).all_steps() == [1, 2]
 
 
