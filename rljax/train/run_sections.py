@@ -104,7 +104,8 @@ class TrainerConfig:
     experiment_name: str = "run"  # the run's folder name under default_local_dir
     logger: list[Logger] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # metric sinks
     peak_flops_per_device: NonNegFloat = 0.0  # FLOP/s for perf/mfu; 0: look up the device kind
-    # stop after this many consecutive optimizer steps skipped as non-finite; 0: never
+    # stop after this many consecutive optimizer steps skipped as non-finite; 0: never stop early
+    # (a run that skipped any update still exits non-zero at its end)
     max_consecutive_skipped_steps: NonNegSteps = 5
     resume_fallback: bool = True  # damaged latest checkpoint: resume from the previous one; false: stop
 
