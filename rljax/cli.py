@@ -12,7 +12,8 @@ folder, sampler setting, reward function...) prints as ``rljax: error: <message>
 stderr, plus one line saying where the traceback is: an error that stopped a run (it
 carries `rljax_log`, set by `rljax.runs.Run.close`) has its traceback appended to the
 run's `log.txt`, any other is shown by ``--debug``; it exits 2 for a config error, 1
-otherwise. Anything else (a bug) keeps its traceback. ``--debug`` (before or after the
+otherwise. A command's own refusal (`raise SystemExit("<why>")`) prints in the same
+form and exits 1. Anything else (a bug) keeps its traceback. ``--debug`` (before or after the
 subcommand) or ``RLJAX_DEBUG=1`` shows the traceback of every error.
 """
 
@@ -22,6 +23,7 @@ import argparse
 import importlib
 import linecache
 import os
+import re
 import sys
 
 from rljax import xla_flags
@@ -124,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")
     try:
         return int(args._command_main(args) or 0)
+    except SystemExit as stop:  # a command's refusal, `raise SystemExit("<why>")`: the same one-line form
+        if debug or not isinstance(stop.code, str):
+            raise
+        print(f"rljax: error: {' '.join(re.sub(r'^rljax( [a-z]+)?: ', '', stop.code).split())}", file=sys.stderr)
+        print(f"rljax: (--debug or {DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as interrupt:
         if debug:
             raise
