@@ -48,6 +48,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 
 from rljax.distributed import is_coordinator
@@ -224,9 +225,14 @@ def _unverified_note(path: str) -> str:
 
 def verify_step(directory: str, step: int) -> None:
     """Before reading checkpoint `step` of `directory` outside a resume (`rljax export`,
-    `rljax eval`): a CheckpointError in one line naming it and its first bad file if it is
-    damaged; one warning line (process 0) if it has no manifest."""
+    `rljax eval`): a CheckpointError in one line listing the steps there if there is no
+    such step, or naming it and its first bad file if it is damaged; one warning line
+    (process 0) if it has no manifest."""
     path = os.path.join(directory, str(step))
+    steps = finalized_steps(directory)
+    if step not in steps:
+        there = f"the steps there: {', '.join(map(str, steps))}" if steps else "there is no checkpoint there"
+        raise CheckpointError(f"{directory}: no checkpoint of step {step}; {there}")
     verdict = agreed_check(path)
     if verdict[0] == UNVERIFIED:
         if is_coordinator():
@@ -435,6 +441,45 @@ def close_after(checkpointer: Checkpointer, error: BaseException | None, step: i
     error.rljax_reported = True  # the CLI prints nothing more for it
 
 
+class ShapeMismatchError(CheckpointError):
+    """A checkpoint whose parameters do not have the shapes of the model it is read into."""
+
+
+def _path_name(path) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def check_param_shapes(directory: str, step: int, abstract_params: nnx.State, at: tuple[str, ...]) -> None:
+    """Raise `ShapeMismatchError` (one line) when the parameters stored under `at` in
+    checkpoint `step` differ from `abstract_params` (the model they are read into): the
+    first parameter that differs with the model's and the checkpoint's shapes (or that
+    one of them lacks), and how many differ."""
+    path = os.path.join(directory, str(step))
+    try:
+        stored = ocp.PyTreeCheckpointHandler().metadata(epath.Path(path) / "state")
+    except Exception:  # noqa: BLE001 - unreadable metadata: the restore itself says what is wrong
+        return
+    stored = getattr(stored, "tree", stored)
+    for key in at:
+        if not isinstance(stored, dict) or key not in stored:
+            raise ShapeMismatchError(f"checkpoint {path} holds no {'/'.join(at)}: not a checkpoint of this kind of run")
+        stored = stored[key]
+    found = {_path_name(p)[:-len("/value")]: tuple(leaf.shape)
+             for p, leaf in jax.tree_util.tree_leaves_with_path(stored) if hasattr(leaf, "shape")}
+    expected = {_path_name(p): tuple(leaf.shape)
+                for p, leaf in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(abstract_params))}
+    differ = [(name, expected.get(name), found.get(name)) for name in sorted(set(expected) | set(found))
+              if expected.get(name) != found.get(name)]
+    if not differ:
+        return
+    name, want, got = differ[0]
+    what = (f"is not in the checkpoint (the model has it, shape {want})" if got is None else
+            f"is not in the model (the checkpoint has it, shape {got})" if want is None else
+            f"has shape {got} in the checkpoint, the model expects {want}")
+    raise ShapeMismatchError(f"checkpoint {path}: parameter {'/'.join(at)}/{name} {what}; {len(differ)} of "
+                             f"{len(expected)} parameters differ: the model config is not the one the run trained")
+
+
 def restore_params(directory: str, step: int, abstract_params: nnx.State, at: tuple[str, ...]) -> nnx.State:
     """Only the parameters stored under `at` in a checkpoint's train state (e.g.
     ``("actor", "params")`` of an RL run), in `abstract_params`' shapes, dtypes and
@@ -443,6 +488,7 @@ def restore_params(directory: str, step: int, abstract_params: nnx.State, at: tu
     def leaf(x):  # how nnx.State leaves are stored: {"value": array}
         return {"value": x}
 
+    check_param_shapes(directory, step, abstract_params, at)
     target = jax.tree.map(leaf, nnx.to_pure_dict(abstract_params))
     for key in reversed(at):
         target = {key: target}

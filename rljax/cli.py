@@ -9,8 +9,11 @@ arguments on stderr and exits 2.
 
 Errors: a known error (`is_known_error`: a bad config, data file, model or checkpoint
 folder, sampler setting, reward function...) prints as ``rljax: error: <message>`` on
-stderr, plus one line saying how to see the traceback, and exits 2 for a config error,
-1 otherwise. Anything else (a bug) keeps its traceback. ``--debug`` (before or after the
+stderr, plus one line saying where the traceback is: an error that stopped a run (it
+carries `rljax_log`, set by `rljax.runs.Run.close`) has its traceback appended to the
+run's `log.txt`, any other is shown by ``--debug``; it exits 2 for a config error, 1
+otherwise. A command's own refusal (`raise SystemExit("<why>")`) prints in the same
+form and exits 1. Anything else (a bug) keeps its traceback. ``--debug`` (before or after the
 subcommand) or ``RLJAX_DEBUG=1`` shows the traceback of every error.
 """
 
@@ -20,6 +23,7 @@ import argparse
 import importlib
 import linecache
 import os
+import re
 import sys
 
 from rljax import xla_flags
@@ -122,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")
     try:
         return int(args._command_main(args) or 0)
+    except SystemExit as stop:  # a command's refusal, `raise SystemExit("<why>")`: the same one-line form
+        if debug or not isinstance(stop.code, str):
+            raise
+        print(f"rljax: error: {' '.join(re.sub(r'^rljax( [a-z]+)?: ', '', stop.code).split())}", file=sys.stderr)
+        print(f"rljax: (--debug or {DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as interrupt:
         if debug:
             raise
@@ -132,8 +142,28 @@ def main(argv: list[str] | None = None) -> int:
         if debug or not is_known_error(error):
             raise
         print(f"rljax: error: {error_message(error)}", file=sys.stderr)
-        print(f"rljax: (--debug or {DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
+        log = _log_traceback(error, argv)
+        print(f"rljax: the traceback is in {log}" if log else f"rljax: (--debug or {DEBUG_ENV}=1 shows the traceback)",
+              file=sys.stderr)
         return _exit_code(error)
+
+
+def _log_traceback(error: BaseException, argv: list[str]) -> str | None:
+    """Append `error`'s traceback to the log file of the run it stopped (`rljax_log`);
+    -> that path, or None when there is none or it cannot be written (a full disk)."""
+    import datetime
+    import traceback
+
+    path = getattr(error, "rljax_log", None)
+    if not path:
+        return None
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        with open(path, "a") as f:
+            f.write(f"{when} rljax {' '.join(argv)}\n{''.join(traceback.format_exception(error))}\n")
+    except OSError:
+        return None
+    return path
 
 
 if __name__ == "__main__":

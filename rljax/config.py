@@ -10,8 +10,10 @@ value. `config_to_dict` gives back plain YAML-able data (saved with every run).
 Values are checked at load time too (`check_config`, run by `load_config`):
 
 - a numeric field annotated with `Bounds` (`lr: NonNegFloat`, `rollout.n: PositiveInt`, ...)
-  must lie in its range, every float field must be finite, and a `Literal` field must
-  hold one of its words (checked again here for a config built in code);
+  must lie in its range (every count and size has an upper limit too: `Rows`, `Tokens`,
+  `Threads`, ...), every float field must be finite, no string may hold a NUL
+  character, and a `Literal` field must hold one of its words (checked again here for a
+  config built in code);
 - a section may define `check(self)`, raising `FieldError(field, message)` (the walker adds
   the section's dotted path) or a `ConfigError` whose message already names the full key,
   for what one field's type cannot say: registry names, sizes that must divide, fields
@@ -109,6 +111,22 @@ PositiveFloat = Annotated[float, Bounds(gt=0)]
 NonNegFloat = Annotated[float, Bounds(ge=0)]
 UnitFloat = Annotated[float, Bounds(ge=0, le=1)]  # a fraction or probability in [0, 1]
 OpenUnitFloat = Annotated[float, Bounds(gt=0, le=1)]  # (0, 1]
+
+# Counts and sizes with upper limits: far above any real run, low enough that a value with
+# a few digits too many is refused at load instead of exhausting memory, threads or time.
+INT32_MAX = 2**31 - 1
+Seed = Annotated[int, Bounds(ge=0, lt=2**32)]  # a seed: an unsigned 32-bit integer
+Steps = Annotated[int, Bounds(ge=1, le=INT32_MAX)]  # a count of steps: the step counters are int32
+NonNegSteps = Annotated[int, Bounds(ge=0, le=INT32_MAX)]  # steps, or 0 (off)
+Tokens = Annotated[int, Bounds(ge=1, le=2**22)]  # a length in tokens (4M: above any context window)
+NonNegTokens = Annotated[int, Bounds(ge=0, le=2**22)]  # tokens, or 0 (derived / off)
+Rows = Annotated[int, Bounds(ge=1, le=2**20)]  # rows, prompts or sequences in one batch (1M)
+NonNegRows = Annotated[int, Bounds(ge=0, le=2**20)]  # rows, or 0 (derived / the whole batch)
+Threads = Annotated[int, Bounds(ge=1, le=1024)]  # threads or processes of one host: more than any host's cores
+NonNegThreads = Annotated[int, Bounds(ge=0, le=1024)]  # threads, or 0 (none: the caller's thread)
+Pages = Annotated[int, Bounds(ge=0, le=2**24)]  # KV-cache pages (16M), or 0 (sized from memory)
+Devices = Annotated[int, Bounds(ge=0, le=65536)]  # a count of devices (the largest pods: ~10^4), or 0 (derived)
+Repeats = Annotated[int, Bounds(ge=1, le=10000)]  # epochs, turns, retries: a small count
 
 
 ALIAS = "alias"  # the field-metadata key naming a field's second name
@@ -347,6 +365,9 @@ def _check_value(value: Any, tp: Any, key: str) -> None:
             if len(options) == 1 or get_origin(option) is not Literal:
                 _check_value(value, option, key)
         return
+    for text in (value if isinstance(value, (list, tuple)) else [value]):
+        if isinstance(text, str) and "\x00" in text:  # no file name or word holds one
+            raise FieldError(key, f"contains a NUL character: {text!r}")
     if get_origin(tp) is Literal:
         if value not in get_args(tp):
             raise FieldError(key, f"expected one of {list(get_args(tp))}, got {value!r}")

@@ -66,7 +66,7 @@ class ShardingError(ValueError):
     """A tensor or batch that does not divide over the mesh."""
 
 
-MeshSize = Annotated[int, Bounds(ge=-1)]  # >= 1, or -1: the devices left over
+MeshSize = Annotated[int, Bounds(ge=-1, le=65536)]  # >= 1, or -1: the devices left over
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ A run lives in `<trainer.default_local_dir>/<trainer.experiment_name>/`:
     data/            synthetic data sets, materialised once
     checkpoints/     <step>/{state,data,meta} (`rljax.checkpoint`)
     metrics.jsonl, tensorboard/   (`rljax.tracking`)
+    log.txt          the traceback of each error that stopped the run (the console: one line)
 
 `Run` owns those chores in order: config checked, folder made and locked by process 0
 (one owner per folder: a second one fails at once naming the first), data materialised,
@@ -93,6 +94,7 @@ def _due(step: int, every: int, total_steps: int) -> bool:
 # `local_lock=` mount option); GCS FUSE does not support file locks.
 
 LOCK_FILE = ".lock"
+LOG_FILE = "log.txt"  # the traceback of each error that stopped the run (`rljax.cli` writes it)
 
 
 class RunLockedError(RuntimeError):
@@ -384,5 +386,8 @@ class Run:
                 close()
             except BaseException as e:  # noqa: PERF203
                 first = first or e
+        ending = error if error is not None else first
+        if ending is not None and is_coordinator():  # the CLI writes its traceback there (one line on the console)
+            ending.rljax_log = os.path.join(self.directory, LOG_FILE)
         if first is not None and error is None:
             raise first

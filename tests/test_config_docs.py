@@ -75,12 +75,12 @@ def test_docs_config_md_is_generated_from_the_code():
 
 def test_docs_list_every_key_with_its_type_and_default():
     docs = config_docs()
-    for row in ("| `data.batch_size` | `int >= 1` | `8` | rows per step, global (RL: prompts, x rollout.n responses) "
+    for row in ("| `data.batch_size` | `int in [1, 1048576]` | `8` | rows per step, global (RL: prompts, x rollout.n responses) "
                 "(alias: train_batch_size) |",
                 "| `trainer.algorithm` | `str` | `grpo` |",  # the RL config's default, not TrainerConfig's
                 "| `rollout.top_p` | `float in (0, 1]` | `1.0` |",
                 "| `agent.overflow` | `truncate \\| end` | `truncate` |",
-                "| `agent.max_tokens_per_turn` | `int >= 1 \\| null` | `null` |",
+                "| `agent.max_tokens_per_turn` | `int in [1, 4194304] \\| null` | `null` |",
                 "| `dpo.label_smoothing` | `float in [0, 0.5]` | `0.0` |"):
         assert row in docs, row
     keys = {line.split("|")[1].strip().strip("`") for line in docs.splitlines() if line.startswith("| `")}

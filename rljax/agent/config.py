@@ -10,9 +10,9 @@ them for `AgentLoop`): no component mutates them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from rljax.config import PositiveFloat, PositiveInt, check_config
+from rljax.config import Bounds, PositiveFloat, Repeats, Rows, Threads, Tokens, check_config
 
 
 @dataclass(frozen=True)
@@ -35,21 +35,21 @@ class AgentConfig:
     """
 
     tool_parser: str = "hermes"  # registered tool-call parser: hermes (= qwen), llama3_json (verl: format)
-    max_turns: PositiveInt = 8  # assistant turns (generations) per episode at most (verl: max_assistant_turns)
-    max_response_tokens: PositiveInt = 4096  # tokens after the prompt (sampled + observations); RL: <= rollout.response_length
-    max_tokens_per_turn: PositiveInt | None = None  # tokens of one generation at most; null: the remaining budget
-    max_parallel_tool_calls: PositiveInt = 4  # tool calls of one turn run concurrently (verl: max_parallel_calls)
-    max_concurrent_tool_calls: PositiveInt | None = None  # tool calls in flight across all episodes; null: no cap
+    max_turns: Repeats = 8  # assistant turns (generations) per episode at most (verl: max_assistant_turns)
+    max_response_tokens: Tokens = 4096  # tokens after the prompt (sampled + observations); RL: <= rollout.response_length
+    max_tokens_per_turn: Tokens | None = None  # tokens of one generation at most; null: the remaining budget
+    max_parallel_tool_calls: Threads = 4  # tool calls of one turn run concurrently (verl: max_parallel_calls)
+    max_concurrent_tool_calls: Annotated[int, Bounds(ge=1, le=65536)] | None = None  # tool calls in flight across all episodes; null: no cap
     tool_timeout_s: PositiveFloat = 30.0  # seconds one tool call may take (then a `timeout` error observation)
     overflow: Literal["truncate", "end"] = "truncate"  # an observation over the budget: cut it | end the episode
-    min_turn_tokens: PositiveInt = 16  # tokens kept free for the next generation when fitting an observation
+    min_turn_tokens: Tokens = 16  # tokens kept free for the next generation when fitting an observation
     tool_config_path: str | None = None  # YAML declaring the tools (rljax.agent.tools.registry); null: none
     environment: EnvironmentConfig | None = None  # an environment instead of tools; null: tools
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra template variables (enable_thinking)
     chat_template: str | None = None  # a Jinja chat template overriding the tokenizer's
     end_of_turn_token: str | None = None  # string closing an assistant turn; null: the tokenizer's eos_token
     extra_turn_end_tokens: tuple[str, ...] = ()  # other tokens that also close a turn (<|eom_id|>)
-    max_concurrent_episodes: PositiveInt | None = None  # episodes in flight in `run_episodes`; null: all
+    max_concurrent_episodes: Rows | None = None  # episodes in flight in `run_episodes`; null: all
 
     def __post_init__(self) -> None:
         check_config(self)

@@ -8,6 +8,7 @@ say) is refused unless `--overwrite` says to replace them.
 from __future__ import annotations
 
 import os
+import socket
 
 HELP = "Write a checkpoint of a run as a Hugging Face folder (weights, config, tokenizer)."
 
@@ -26,7 +27,9 @@ def add_arguments(parser) -> None:
 
 
 def check_out(out: str, overwrite: bool) -> None:
-    """Refuse an --out that is a file, or a folder that holds files, unless `overwrite`."""
+    """Refuse an --out that is a file, a folder that holds files (unless `overwrite`), or
+    a folder this process cannot create or write into (read-only, no permission), each
+    in one line naming the folder and why, before anything is read."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise SystemExit(f"rljax export: --out {out} is a file, not a folder")
     held = sorted(os.listdir(out)) if os.path.isdir(out) else []
@@ -34,6 +37,14 @@ def check_out(out: str, overwrite: bool) -> None:
         shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
         raise SystemExit(f"rljax export: --out {out} is not empty ({shown}); exporting there would replace and "
                          "delete its model files: choose a new folder, or pass --overwrite")
+    probe = os.path.join(out, f".rljax-write-probe-{socket.gethostname()}-{os.getpid()}")
+    try:
+        os.makedirs(out, exist_ok=True)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        os.remove(probe)
+    except OSError as e:
+        raise SystemExit(f"rljax export: --out {out} cannot be written: {e.strerror or e}"
+                         + (f" ({e.filename})" if e.filename and e.filename not in (out, probe) else "")) from None
 
 
 # run kind (`rljax.commands.run_kinds.run_kind`) -> (module, function) writing its checkpoint as a

@@ -2,9 +2,20 @@
 
 # No `from __future__ import annotations`: field types stay real types for config tools.
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
-from rljax.config import Bounds, FieldError, NonNegInt, PositiveInt, alias, check_config
+from rljax.config import (
+    FieldError,
+    NonNegRows,
+    NonNegThreads,
+    NonNegTokens,
+    Repeats,
+    Rows,
+    Seed,
+    Tokens,
+    alias,
+    check_config,
+)
 
 DataFormat = Literal["sft", "preference", "rl"]
 FORMATS: tuple[str, ...] = get_args(DataFormat)
@@ -51,18 +62,18 @@ class DataConfig:
     train_files: list[str] = field(default_factory=list)  # .jsonl / .json / .parquet paths or globs
     val_files: list[str] = field(default_factory=list)  # the same, for validation; empty: none
     format: DataFormat = "sft"  # the row layout (see DataConfig); set by the run kind (rm / dpo: preference)
-    max_length: PositiveInt = 512  # tokens of a whole row (prompt + response), the largest bucket (verl: sft max_length)
-    max_prompt_length: PositiveInt = 256  # tokens of the prompt (rl, preference)
+    max_length: Tokens = 512  # tokens of a whole row (prompt + response), the largest bucket (verl: sft max_length)
+    max_prompt_length: Tokens = 256  # tokens of the prompt (rl, preference)
     truncation: Truncation = "error"  # an over-long row: error | left (keep the end) | right (keep the start)
-    bucket_size: NonNegInt = 64  # padded lengths are its multiples; 0: every batch padded to max_length
+    bucket_size: NonNegTokens = 64  # padded lengths are its multiples; 0: every batch padded to max_length
     buckets: list[int] | None = None  # explicit padded lengths instead of bucket_size; null: bucket_size's
     packing: bool = False  # pack several sft rows into one (segment ids keep them apart)
     shuffle: bool = True  # shuffle the train split, a new permutation each epoch
-    seed: Annotated[int, Bounds(ge=0, lt=2**32)] = 0  # seed of the shuffle
+    seed: Seed = 0  # seed of the shuffle
     # rows per step, global (RL: prompts, x rollout.n responses)
-    batch_size: PositiveInt = field(default=8, metadata=alias("train_batch_size"))
-    val_batch_size: PositiveInt | None = None  # rows per validation batch; null: batch_size
-    num_epochs: PositiveInt | None = None  # passes over the train split; null: forever
+    batch_size: Rows = field(default=8, metadata=alias("train_batch_size"))
+    val_batch_size: Rows | None = None  # rows per validation batch; null: batch_size
+    num_epochs: Repeats | None = None  # passes over the train split; null: forever
     messages_key: str = "messages"  # sft column: the chat messages
     prompt_key: str = "prompt"  # rl / preference column: the prompt
     chosen_key: str = "chosen"  # preference column: the preferred response
@@ -72,8 +83,8 @@ class DataConfig:
     reward_model_key: str = "reward_model"  # rl column: a mapping whose ground_truth is graded against
     extra_info_key: str = "extra_info"  # rl column: passed to the reward function as is
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # to every apply_chat_template call
-    num_threads: NonNegInt = 0  # grain reader threads tokenizing ahead; 0: in the consumer's thread
-    prefetch_buffer_size: NonNegInt = 16  # rows tokenized ahead (num_threads > 0)
+    num_threads: NonNegThreads = 0  # grain reader threads tokenizing ahead; 0: in the consumer's thread
+    prefetch_buffer_size: NonNegRows = 16  # rows tokenized ahead (num_threads > 0)
 
     def check(self) -> None:
         """What one field's type cannot say (run by `rljax.config.check_config`)."""

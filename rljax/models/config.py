@@ -19,6 +19,20 @@ class UnsupportedModelError(ValueError):
     """A checkpoint whose architecture or options rljax does not implement."""
 
 
+class ModelConfigError(ValueError):
+    """A model config value no model can have (a size <= 0, heads that do not divide);
+    the message names the key: `model.hf_config.hidden_size: must be ...`. `key` and
+    `message` are its two parts."""
+
+    def __init__(self, prefix: str, key: str, message: str):
+        super().__init__(f"{prefix}{key}: {message}")
+        self.key, self.message = key, message
+
+
+class UnknownModelTypeError(ModelConfigError, UnsupportedModelError):
+    """A `model_type` rljax does not implement."""
+
+
 @dataclass(frozen=True)
 class RopeConfig:
     """Rotary embedding parameters (HF `rope_parameters` / `rope_scaling`)."""
@@ -76,6 +90,78 @@ def family(model_type: str) -> Family:
             f"model_type {model_type!r} is not supported; rljax implements {sorted(FAMILIES)}"
         )
     return FAMILIES[model_type]
+
+
+# The largest count or size a model config may hold: every index fits in int32.
+MAX_SIZE = 2**31 - 1
+# config.json keys that are positive whole numbers when present (counts and sizes)
+_POSITIVE_INT_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                      "num_key_value_heads", "head_dim", "max_position_embeddings", "num_experts",
+                      "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+                      "original_max_position_embeddings")
+_TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+_BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "norm_topk_prob", "use_sliding_window")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_hf_dict(d: dict[str, Any], prefix: str = "") -> None:
+    """Raise `ModelConfigError` naming `<prefix><key>` for the first value of a Hugging
+    Face style config dict (`model.hf_config`, a `config.json`) that no model can have:
+    an unknown model_type, a count or size that is not a whole number in [1, 2^31-1],
+    heads that do not divide (kv heads into heads; heads into hidden_size when head_dim
+    is not given), a non-positive or non-finite rms_norm_eps / rope theta / rope factor,
+    a negative initializer_range or token id, a non-boolean flag, more experts per token
+    than experts. Keys that are absent are not checked (their defaults hold)."""
+    import math
+
+    def fail(key: str, message: str):
+        raise ModelConfigError(prefix, key, message)
+
+    if "model_type" in d and d["model_type"] not in FAMILIES:
+        raise UnknownModelTypeError(prefix, "model_type", f"{d['model_type']!r} is not supported; rljax implements "
+                                    f"{sorted(FAMILIES)}")
+    for key in _POSITIVE_INT_KEYS:
+        value = d.get(key)
+        if value is None:
+            continue
+        if not _is_int(value):
+            fail(key, f"must be a whole number, got {value!r}")
+        if not 1 <= value <= MAX_SIZE:
+            fail(key, f"must be in [1, {MAX_SIZE}], got {value}")
+    for key in _TOKEN_ID_KEYS:
+        value = d.get(key)
+        for token in (value if isinstance(value, (list, tuple)) else [value]):
+            if token is not None and (not _is_int(token) or token < 0):
+                fail(key, f"must be a token id >= 0 (or null), got {value!r}")
+    for key in _BOOL_KEYS:
+        if key in d and d[key] is not None and not isinstance(d[key], bool):
+            fail(key, f"must be true or false, got {d[key]!r}")
+    heads, kv = d.get("num_attention_heads"), d.get("num_key_value_heads")
+    if heads and kv and heads % kv:
+        fail("num_key_value_heads", f"{kv} does not divide num_attention_heads={heads}")
+    hidden = d.get("hidden_size")
+    if heads and hidden and not d.get("head_dim") and hidden % heads:
+        fail("num_attention_heads", f"{heads} does not divide hidden_size={hidden} (and head_dim is not set)")
+    experts = d.get("num_experts", d.get("num_local_experts"))
+    per_token = d.get("num_experts_per_tok")
+    if experts and per_token and per_token > experts:
+        fail("num_experts_per_tok", f"{per_token} is more than the {experts} experts")
+    rope = {**(d.get("rope_scaling") or {}), **(d.get("rope_parameters") or {})}
+    for key, value in (("rms_norm_eps", d.get("rms_norm_eps")), ("rope_theta", d.get("rope_theta")),
+                       ("rope_parameters.rope_theta", rope.get("rope_theta")),
+                       ("rope_parameters.factor", rope.get("factor"))):
+        if value is not None and (not _is_number(value) or not math.isfinite(value) or value <= 0):
+            fail(key, f"must be a finite number > 0, got {value!r}")
+    init = d.get("initializer_range")
+    if init is not None and (not _is_number(init) or not math.isfinite(init) or init < 0):
+        fail("initializer_range", f"must be a finite number >= 0, got {init!r}")
 
 
 @dataclass(frozen=True)
@@ -207,7 +293,9 @@ class ModelConfig:
     # ---- Hugging Face config.json ------------------------------------------------------
 
     @classmethod
-    def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_hf_dict(cls, d: dict[str, Any], prefix: str = "") -> "ModelConfig":
+        """`prefix`: what an error puts before the key (`model.hf_config.`, `<path>: `)."""
+        check_hf_dict(d, prefix)
         model_type = d.get("model_type")
         fam = family(model_type)
         act = d.get("hidden_act", "silu")

@@ -305,7 +305,8 @@ def _read_hf_config(path: str) -> tuple[str, dict]:
 
 
 def read_config(path: str) -> ModelConfig:
-    return ModelConfig.from_hf_dict(_read_hf_config(path)[1])
+    cfg_path, raw = _read_hf_config(path)
+    return ModelConfig.from_hf_dict(raw, f"{cfg_path}: ")
 
 
 def _expected_hf_shapes(config: ModelConfig, model: Decoder,
@@ -504,7 +505,7 @@ def load_hf_reward_model(
         raise CheckpointMismatchError(
             f"{cfg_path}: num_labels={num_labels}; a reward model has one label (a scalar score)"
         )
-    config = ModelConfig.from_hf_dict(raw)
+    config = ModelConfig.from_hf_dict(raw, f"{cfg_path}: ")
     policy = DTypePolicy(param_dtype=dtype, compute_dtype=compute_dtype or dtype)
     backbone = abstract_model(config, policy=policy, remat=remat, attention=attention)
     skip = frozenset() if config.tie_word_embeddings else frozenset({"lm_head.weight"})

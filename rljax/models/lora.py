@@ -41,12 +41,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rljax.config import FieldError, NonNegInt, PositiveFloat
+from rljax.config import Bounds, FieldError, PositiveFloat, Seed
 
 # target -> number of leading `in` dimensions of its base weight (the rest are `out`)
 TARGETS: dict[str, int] = {
@@ -73,13 +74,13 @@ class LoRAConfig:
     With rank > 0 only the adapters (and a reward-model / critic head) are trained and
     checkpointed; the base weights are read-only and serve as the reference policy."""
 
-    rank: NonNegInt = 0  # r; 0: no adapters (full fine-tuning)
+    rank: Annotated[int, Bounds(ge=0, le=65536)] = 0  # r; 0: no adapters (full fine-tuning)
     alpha: PositiveFloat = 16.0  # the delta is scaled by alpha / rank (PEFT: lora_alpha)
     dropout: float = 0.0  # p of dropout on the adapters' input, in training forwards only (PEFT: lora_dropout)
     # projections that get adapters (HF / PEFT module names)
     target_modules: list[str] = field(default_factory=lambda: list(TARGETS))
     path: str = ""  # a PEFT adapter folder to start from (adapter_config.json + adapter_model.safetensors)
-    init_seed: NonNegInt = 0  # seed of A's random init
+    init_seed: Seed = 0  # seed of A's random init
 
     def check(self) -> None:
         for name in self.target_modules:

@@ -19,10 +19,11 @@ from rljax.config import (
     ConfigError,
     FieldError,
     NonNegFloat,
-    NonNegInt,
+    NonNegRows,
     OpenUnitFloat,
     PositiveFloat,
-    PositiveInt,
+    Repeats,
+    Rows,
     check_registry,
 )
 from rljax.train.optim import OptimConfig
@@ -61,10 +62,10 @@ class PolicyLossConfig:
 class ActorConfig:
     """The policy's training (verl: `actor_rollout_ref.actor`)."""
 
-    ppo_mini_batch_size: PositiveInt = 8  # prompts per optimizer step (x rollout.n rows)
+    ppo_mini_batch_size: Rows = 8  # prompts per optimizer step (x rollout.n rows)
     # rows per device per micro-batch; 0: whole mini-batch (verl: ppo_micro_batch_size_per_gpu)
-    ppo_micro_batch_size_per_device: NonNegInt = 0
-    ppo_epochs: PositiveInt = 1  # passes over the step's batch
+    ppo_micro_batch_size_per_device: NonNegRows = 0
+    ppo_epochs: Repeats = 1  # passes over the step's batch
     shuffle: bool = True  # reshuffle the rows into mini-batches at every epoch
     clip_ratio: NonNegFloat = 0.2  # PPO clip epsilon (both sides, unless low / high are set)
     clip_ratio_low: NonNegFloat | None = None  # epsilon below 1 (ratio >= 1 - low); null: clip_ratio
@@ -126,10 +127,10 @@ class ActorConfig:
 class CriticConfig:
     """The value model's training, for `algorithm.adv_estimator=gae` (verl: `critic`)."""
 
-    ppo_mini_batch_size: PositiveInt = 8  # prompts per optimizer step (x rollout.n rows)
+    ppo_mini_batch_size: Rows = 8  # prompts per optimizer step (x rollout.n rows)
     # rows per device per micro-batch; 0: whole mini-batch (verl: ppo_micro_batch_size_per_gpu)
-    ppo_micro_batch_size_per_device: NonNegInt = 0
-    ppo_epochs: PositiveInt = 1  # passes over the step's batch
+    ppo_micro_batch_size_per_device: NonNegRows = 0
+    ppo_epochs: Repeats = 1  # passes over the step's batch
     cliprange_value: NonNegFloat = 0.5  # values move at most this far from the old values (clipped loss)
     loss_agg_mode: str = "token-mean"  # as actor.loss_agg_mode, for the value loss
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))  # the critic's optimizer

@@ -8,7 +8,7 @@ from typing import Literal
 
 from rljax.algos.registry import ADV_ESTIMATOR_REGISTRY
 from rljax.algos.rollout_correction import IS_LEVEL_REGISTRY, parse_rollout_rs
-from rljax.config import ConfigError, NonNegFloat, PositiveFloat, PositiveInt, UnitFloat, check_registry
+from rljax.config import ConfigError, NonNegFloat, PositiveFloat, Repeats, Steps, UnitFloat, check_registry
 from rljax.rl.actor_config import check_kl_name
 
 
@@ -19,7 +19,7 @@ class KLControlConfig:
     type: Literal["fixed", "adaptive"] = "fixed"  # fixed: kl_coef throughout; adaptive: steered to target_kl
     kl_coef: NonNegFloat = 0.001  # the (initial) coefficient
     target_kl: PositiveFloat = 0.1  # adaptive: the KL aimed at
-    horizon: PositiveInt = 10000  # adaptive: value *= 1 + clip(kl / target_kl - 1, +-0.2) x n_steps / horizon
+    horizon: Steps = 10000  # adaptive: value *= 1 + clip(kl / target_kl - 1, +-0.2) x n_steps / horizon
 
 
 @dataclass
@@ -30,7 +30,7 @@ class FilterGroupsConfig:
     enable: bool = False  # filter groups (DAPO's dynamic sampling)
     # score | seq_reward | seq_final_reward (the sample's reward) or a per-sample value the reward returns (acc)
     metric: str = "score"
-    max_num_gen_batches: PositiveInt = 4  # generation batches per step at most (then topped up, unfiltered)
+    max_num_gen_batches: Repeats = 4  # generation batches per step at most (then topped up, unfiltered)
 
 
 @dataclass

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from rljax.agent.config import AgentConfig
 from rljax.algos.kl import FULL_KL
 from rljax.algos.registry import get_adv_estimator
-from rljax.config import ConfigError, FieldError, NonNegFloat, PositiveInt, from_dict
+from rljax.config import ConfigError, FieldError, NonNegFloat, Rows, Steps, from_dict
 from rljax.data.config import DataConfig
 from rljax.parallel import MeshConfig
 from rljax.rl.actor_config import ActorConfig, CriticConfig, PolicyLossConfig
@@ -84,8 +84,8 @@ class WarmupSFTConfig:
 
     enable: bool = False  # run the SFT phase first
     train_files: list[str] = field(default_factory=list)  # SFT-format files (messages)
-    steps: PositiveInt = 100  # optimizer steps of the phase
-    batch_size: PositiveInt = 32  # rows per step
+    steps: Steps = 100  # optimizer steps of the phase
+    batch_size: Rows = 32  # rows per step
     lr: NonNegFloat = 1e-3  # its constant learning rate
 
     def check(self) -> None:

@@ -8,7 +8,18 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rljax.config import FieldError, NonNegFloat, NonNegInt, OpenUnitFloat, PositiveFloat, PositiveInt
+from rljax.config import (
+    FieldError,
+    NonNegFloat,
+    NonNegSteps,
+    NonNegTokens,
+    OpenUnitFloat,
+    Pages,
+    PositiveFloat,
+    Rows,
+    Threads,
+    Tokens,
+)
 from rljax.train.run_sections import float_dtype_problem
 
 
@@ -17,7 +28,7 @@ class OverlongBufferConfig:
     """DAPO's overlong reward shaping (verl: `reward_model.overlong_buffer`)."""
 
     enable: bool = False  # penalise responses that reach into the last `len` tokens of the budget
-    len: PositiveInt = 16  # tokens of the buffer, at most rollout.response_length
+    len: Tokens = 16  # tokens of the buffer, at most rollout.response_length
     penalty_factor: NonNegFloat = 1.0  # the penalty at the full budget (linear from 0 over the buffer)
 
 
@@ -62,7 +73,7 @@ class RewardModelConfig:
     enable: bool = False  # score with the reward model
     path: str = ""  # HF folder of the exported reward model
     dtype: str = "float32"  # parameter and compute dtype
-    batch_size: PositiveInt = 16  # rows per forward (padded up to it; lengths to powers of two)
+    batch_size: Rows = 16  # rows per forward (padded up to it; lengths to powers of two)
     combine: Literal["replace", "add"] = "replace"  # the RM score replaces the rule score | is added to it
     weight: float = 1.0  # multiplies the RM score
 
@@ -89,10 +100,10 @@ class VerifierConfig:
     system_prompt: str = ""  # the grading conversation's system message; "": none
     parse: Literal["yes_no", "score"] = "yes_no"  # Yes/No -> 1/0 | "Score: x" in [0, 1]
     failure_score: float = 0.0  # an unparseable verdict (counted in verifier/parse_failures)
-    max_tokens: PositiveInt = 32  # verdict length
-    max_model_len: NonNegInt = 0  # grading prompt + verdict; 0: data.max_prompt_length + rollout.response_length + 512
-    max_num_seqs: PositiveInt = 64  # grading sequences decoding together
-    num_pages: NonNegInt = 0  # KV pages of its sampler; 0: sized by kv_cache_memory_fraction
+    max_tokens: Tokens = 32  # verdict length
+    max_model_len: NonNegTokens = 0  # grading prompt + verdict; 0: data.max_prompt_length + rollout.response_length + 512
+    max_num_seqs: Rows = 64  # grading sequences decoding together
+    num_pages: Pages = 0  # KV pages of its sampler; 0: sized by kv_cache_memory_fraction
     kv_cache_memory_fraction: OpenUnitFloat = 0.1  # fraction of free device memory for its KV pool
     combine: Literal["replace", "add"] = "replace"  # the verdict replaces the score so far | is added to it
     weight: float = 1.0  # multiplies the verdict
@@ -130,9 +141,9 @@ class RewardConfig:
     verifier: VerifierConfig = field(default_factory=VerifierConfig)  # a generative verifier
     mode: Literal["process", "inline"] = "process"  # where reward functions run (see above)
     timeout_s: PositiveFloat = 10.0  # seconds one reward call may take
-    num_workers: PositiveInt = 2  # worker processes (mode=process, or a custom function)
+    num_workers: Threads = 2  # worker processes (mode=process, or a custom function)
     trust_custom_reward: bool = False  # inline mode: run the custom function in the trainer's process too
-    max_consecutive_failed_steps: NonNegInt = 3  # batches in a row where a reward fails on every sample; 0: never stop
+    max_consecutive_failed_steps: NonNegSteps = 3  # batches in a row where a reward fails on every sample; 0: never stop
     on_error: Literal["zero", "fail"] = "zero"  # a failed sample (error, timeout) scores 0 and is counted | stops the run
 
     def check(self) -> None:

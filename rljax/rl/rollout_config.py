@@ -8,17 +8,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from rljax.config import Bounds, FieldError, NonNegFloat, NonNegInt, OpenUnitFloat, PositiveInt, UnitFloat
+from rljax.config import (
+    Bounds,
+    Devices,
+    FieldError,
+    NonNegFloat,
+    OpenUnitFloat,
+    Pages,
+    Repeats,
+    Rows,
+    Seed,
+    Tokens,
+    UnitFloat,
+)
 from rljax.rollout.config import Attention
 
-TopK = Annotated[int, Bounds(ge=-1)]  # -1 / 0: off
+TopK = Annotated[int, Bounds(ge=-1, le=2**24)]  # -1 / 0: off
 
 
 @dataclass
 class ValKwargs:
     """Sampling of the validation responses (verl: `rollout.val_kwargs`)."""
 
-    n: PositiveInt = 1  # responses per validation prompt
+    n: Annotated[int, Bounds(ge=1, le=65536)] = 1  # responses per validation prompt
     temperature: NonNegFloat = 0.0  # 0: greedy
     top_p: OpenUnitFloat = 1.0  # nucleus mass kept; 1: off
     top_k: TopK = 0  # most likely tokens kept; -1 / 0: off
@@ -28,32 +40,32 @@ class ValKwargs:
 class RolloutConfig:
     """Training-time sampling and the sampler's sizes."""
 
-    n: PositiveInt = 4  # responses per prompt (the group of GRPO and relatives)
+    n: Annotated[int, Bounds(ge=1, le=65536)] = 4  # responses per prompt (the group of GRPO and relatives)
     temperature: NonNegFloat = 1.0  # softmax temperature (also applied to the trainer's log-probs)
     top_p: OpenUnitFloat = 1.0  # nucleus mass kept; 1: off
     top_k: TopK = 0  # most likely tokens kept; -1 / 0: off
     min_p: UnitFloat = 0.0  # drop tokens below min_p x the top probability; 0: off
-    response_length: PositiveInt = 64  # max sampled tokens per response (verl: data.max_response_length)
-    max_num_seqs: PositiveInt = 64  # sequences decoding together (the largest decode batch)
-    max_num_batched_tokens: PositiveInt = 2048  # tokens per prefill step (padded rows x chunk length)
-    page_size: PositiveInt = 16  # tokens per KV-cache page
-    num_pages: NonNegInt = 0  # pages in the KV pool (page 0 reserved); 0: sized by kv_cache_memory_fraction
+    response_length: Tokens = 64  # max sampled tokens per response (verl: data.max_response_length)
+    max_num_seqs: Rows = 64  # sequences decoding together (the largest decode batch)
+    max_num_batched_tokens: Annotated[int, Bounds(ge=1, le=2**26)] = 2048  # tokens per prefill step (padded rows x chunk length)
+    page_size: Tokens = 16  # tokens per KV-cache page
+    num_pages: Pages = 0  # pages in the KV pool (page 0 reserved); 0: sized by kv_cache_memory_fraction
     # fraction of free device memory given to the KV pool (verl: gpu_memory_utilization, of total memory)
     kv_cache_memory_fraction: OpenUnitFloat = 0.3
     enable_prefix_caching: bool = True  # reuse cached pages across requests (agent turns)
     # decode steps per sampler call (an on-device loop; a row stops early at its max_tokens): more amortise
     # dispatch and host transfers, fewer hand a finished sequence's slot to a waiting one sooner
-    num_scheduler_steps: PositiveInt = 4
+    num_scheduler_steps: Repeats = 4
     # the sampler's decode attention: auto (the TPU paged kernel on a TPU when head_dim % 128 == 0, else
     # reference) | reference (jnp gather + mask) | pallas (GPU kernel) | pallas_tpu (TPU paged kernel)
     attention: Attention = "auto"
     # devices per rollout replica (heads / MLP split over them; verl: tensor_model_parallel_size);
     # 0: one sampler on the training mesh and its layout (no hand-off, zero copy)
-    tensor_parallel_size: NonNegInt = 0
+    tensor_parallel_size: Devices = 0
     # rollout replicas, each with its own weights, KV pool and scheduler; 0: devices / tensor_parallel_size
-    data_parallel_size: NonNegInt = 0
+    data_parallel_size: Devices = 0
     allow_cross_host_replicas: bool = False  # let one replica span processes (its scheduler then runs in lock-step)
-    seed: NonNegInt = 0  # seed of every request (streams by step and prompt: rljax.rl.scoring)
+    seed: Seed = 0  # seed of every request (streams by step and prompt: rljax.rl.scoring)
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)  # validation sampling
 
     def check(self) -> None:

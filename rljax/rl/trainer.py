@@ -229,8 +229,9 @@ class RLTrainer:
                     metrics["timing_s/testing"] = time.perf_counter() - start
                 self.run.tracker.log(step, metrics)
                 history.append({"step": step, **metrics})
-                if self.run.save_due(step):
+                if self.skips.save_now(self.run.save_due(step)):  # never a step whose update was skipped
                     self.save()
+            self.skips.finish(self.step_count)
         except BaseException as e:  # Ctrl-C included: the save in flight is finished, one line says where we are
             error = e
             raise

@@ -23,7 +23,7 @@ import os
 import jax
 from flax import nnx
 
-from rljax.checkpoint import Checkpointer, resolve_checkpoint, verify_step
+from rljax.checkpoint import Checkpointer, check_param_shapes, resolve_checkpoint, verify_step
 from rljax.config import from_dict
 from rljax.distributed import is_coordinator
 from rljax.models import save_hf
@@ -84,6 +84,7 @@ def export_checkpoint(path: str, out: str, step: int | None = None, dtype: str |
     else:
         module = nnx.eval_shape(lambda: make_task(cfg, build_decoder(cfg.model, tokenizer, weights=False), mesh).module)
     graphdef, abstract_state = abstract_train_state(module, cfg, mesh)
+    check_param_shapes(directory, step, abstract_state.params, ("params",))
     state, _, _ = checkpointer.restore(step, abstract_state)
     trained = nnx.merge(graphdef, state.params, split_trainable(module)[1])
     save_trained(trained, out, cfg.model, tokenizer, dtype, max_shard_size, lora_format, source=(run_dir, step))

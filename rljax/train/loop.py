@@ -125,9 +125,10 @@ def _train(run: Run, mesh) -> dict:
             if pending is not None:
                 last = flush(pending)
             pending = (step, metrics, _tokens(host_batch), _seq_len(batch), data_s)  # the agreed length
-            validate_now, save_now = run.validation_due(step), run.save_due(step)
-            if validate_now or save_now:  # log this step before the pause, so its timing is its own
+            validate_now, save_due = run.validation_due(step), run.save_due(step) or skips.owed
+            if validate_now or save_due:  # log this step before the pause, so its timing is its own
                 last, pending = flush(pending), None
+            save_now = save_due and skips.save_now(save_due)  # never a step whose update was skipped
             if validate_now:
                 val = _validate(evaluate, join(state.params, base), task.frozen, cfg, tokenizer, mesh)
                 run.tracker.log(step, val)
@@ -135,8 +136,9 @@ def _train(run: Run, mesh) -> dict:
             if save_now:
                 skips.check_params(step, state.params, f"checkpoint {step} not written")
                 run.save(step, state, data_state)
-            if validate_now or save_now:
+            if validate_now or save_due:
                 clock[0] = time.perf_counter()
+        skips.finish(step)
     except BaseException as e:  # Ctrl-C included: the save in flight is finished, one line says where we are
         error = e
         raise

@@ -14,7 +14,7 @@ from typing import Callable
 
 import optax
 
-from rljax.config import FieldError, NonNegFloat, NonNegInt, PositiveFloat, UnitFloat, check_name
+from rljax.config import FieldError, NonNegFloat, NonNegSteps, PositiveFloat, UnitFloat, check_name
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class OptimConfig:
     eps: PositiveFloat = 1e-8  # Adam's epsilon
     grad_clip: float = 1.0  # max global gradient norm; <= 0: no clipping
     lr_scheduler_type: str = "constant"  # constant | cosine | wsd (rljax.train.optim)
-    warmup_steps: NonNegInt = 0  # steps of linear warmup from 0 to lr; 0: warmup_steps_ratio's
+    warmup_steps: NonNegSteps = 0  # steps of linear warmup from 0 to lr; 0: warmup_steps_ratio's
     warmup_steps_ratio: UnitFloat = 0.0  # warmup as a fraction of the total steps (when warmup_steps is 0)
     min_lr_ratio: UnitFloat = 0.0  # cosine / wsd: the final learning rate, as a fraction of lr
     decay_ratio: UnitFloat = 0.1  # wsd: fraction of the steps spent decaying

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rljax.algos.registry import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
-from rljax.config import ConfigError, FieldError, NonNegFloat, NonNegInt, PositiveInt, check_name
+from rljax.config import ConfigError, FieldError, NonNegFloat, NonNegRows, NonNegSteps, Repeats, Seed, Steps, check_name
 from rljax.data.config import DataConfig
 from rljax.models.lora import LoRAConfig
 from rljax.parallel import MeshConfig, ShardingError
@@ -58,14 +58,20 @@ class ModelRunConfig:
     # none | full | save_dots (verl: model.enable_gradient_checkpointing, on/off only)
     remat: str = "none"
     attention: str = "xla"  # attention kernel of the trainer's forward, a name in ATTENTION_KERNELS
-    init_seed: NonNegInt = 0  # seed of the random init (no `path`)
+    init_seed: Seed = 0  # seed of the random init (no `path`)
     # low-rank adapters (rank > 0): only they (and a score / value head) are trained and checkpointed,
     # the base weights are frozen and are the reference model (rljax.models.lora)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     def check(self) -> None:
         from rljax.models.attention import ATTENTION_KERNELS
+        from rljax.models.config import ModelConfigError, check_hf_dict
         from rljax.models.transformer import REMAT_POLICIES
+
+        try:
+            check_hf_dict(self.hf_config)
+        except ModelConfigError as e:
+            raise FieldError(f"hf_config.{e.key}", e.message) from None
 
         for name, value, registry in (("remat", self.remat, REMAT_POLICIES),
                                       ("attention", self.attention, ATTENTION_KERNELS)):
@@ -85,21 +91,22 @@ class TrainerConfig:
     # sft | rm | dpo (RunConfig); grpo, ppo, dapo, ... (RLConfig: the algorithm's preset fills the keys
     # the config does not set, rljax.rl.presets; docs/algorithms.md lists what each sets)
     algorithm: str = "sft"
-    total_steps: PositiveInt = 100  # optimizer steps (RL: rollout steps; verl: total_training_steps)
-    micro_batch_size: NonNegInt = 0  # rows per micro-batch (global); 0: the whole mini-batch at once
-    seed: NonNegInt = 0  # seed of the train state and the RL mini-batch shuffles
-    save_freq: NonNegInt = 0  # steps between checkpoints; 0: only at the end
-    max_to_keep: PositiveInt = 3  # checkpoints kept on disk (verl: max_actor_ckpt_to_keep)
+    total_steps: Steps = 100  # optimizer steps (RL: rollout steps; verl: total_training_steps)
+    micro_batch_size: NonNegRows = 0  # rows per micro-batch (global); 0: the whole mini-batch at once
+    seed: Seed = 0  # seed of the train state and the RL mini-batch shuffles
+    save_freq: NonNegSteps = 0  # steps between checkpoints; 0: only at the end
+    max_to_keep: Repeats = 3  # checkpoints kept on disk (verl: max_actor_ckpt_to_keep)
     async_save: bool = True  # write checkpoints in the background while training goes on
     resume_mode: str = "auto"  # auto | disable | <path to a run dir or checkpoint>
-    test_freq: NonNegInt = 0  # steps between validations; 0: never (but at the end if val_files)
+    test_freq: NonNegSteps = 0  # steps between validations; 0: never (but at the end if val_files)
     default_local_dir: str = "runs"  # runs go to <default_local_dir>/<experiment_name>
     project_name: str = "rljax"  # the tracker's project (TensorBoard / JSONL metadata)
     experiment_name: str = "run"  # the run's folder name under default_local_dir
     logger: list[Logger] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # metric sinks
     peak_flops_per_device: NonNegFloat = 0.0  # FLOP/s for perf/mfu; 0: look up the device kind
-    # stop after this many consecutive optimizer steps skipped as non-finite; 0: never
-    max_consecutive_skipped_steps: NonNegInt = 5
+    # stop after this many consecutive optimizer steps skipped as non-finite; 0: never stop early
+    # (a run that skipped any update still exits non-zero at its end)
+    max_consecutive_skipped_steps: NonNegSteps = 5
     resume_fallback: bool = True  # damaged latest checkpoint: resume from the previous one; false: stop
 
     def check(self) -> None:

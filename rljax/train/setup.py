@@ -57,7 +57,7 @@ def model_config_from_section(section: ModelRunConfig, tokenizer) -> ModelConfig
         hf.setdefault("bos_token_id", tokenizer.bos_token_id)
     if "model_type" not in hf:
         raise ValueError("model.hf_config.model_type: required for a randomly initialised model (llama|qwen2|qwen3)")
-    return ModelConfig.from_hf_dict(hf)
+    return ModelConfig.from_hf_dict(hf, "model.hf_config.")
 
 
 def _default_mesh() -> Mesh:

@@ -1,8 +1,11 @@
-"""Stopping a run whose updates keep failing: non-finite losses or gradients skip an
-update on device (`train/skipped_steps` counts them, the weights stay), and `SkipGuard`
-stops the run once too many in a row were skipped, or once the weights themselves became
-non-finite. Shared by the supervised and the RL loop; the error names what to try and the
-last good checkpoint: the newest one whose files match their checksums.
+"""Stopping a run whose updates fail: non-finite losses or gradients skip an update on
+device (`train/skipped_steps` counts them, the weights stay), and `SkipGuard` stops the
+run once too many in a row were skipped, or once the weights themselves became
+non-finite. A step with a skipped update is never checkpointed (a save due then waits
+for the next step whose updates all applied: `save_now`), and a run that skipped any
+update ends non-zero even when it reached its last step (`finish`). Shared by the
+supervised and the RL loop; the error names what to try and the last good checkpoint:
+the newest one whose files match their checksums.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ class SkipGuard:
         self.limit, self.lr_key, self.lr, self.checkpointer = limit, lr_key, lr, checkpointer
         self.skipped_total = skipped
         self.consecutive = 0
+        self.last_skipped = 0  # updates skipped in the newest step counted
+        self.skipped_at: list[int] = []  # the steps of this run with a skipped update
+        self.owed = False  # a save fell due at a step with a skipped update: the next applied step saves
 
     def _last_good(self) -> str:
         try:
@@ -59,6 +65,9 @@ class SkipGuard:
         supervised training, the mini-batch updates of an RL step) were skipped; raise
         once `limit` in a row were (a step with some updates through ends the streak)."""
         self.consecutive = self.consecutive + attempted if attempted and skipped >= attempted else 0
+        self.last_skipped = skipped
+        if skipped:
+            self.skipped_at.append(step)
         if not self.limit or self.consecutive < self.limit:
             return
         metrics = metrics or {}
@@ -88,3 +97,24 @@ class SkipGuard:
         raise NonFiniteError(
             f"{what} are not finite after step {step} (an update with finite loss and gradient overflowed); "
             f"{consequence}: " + self.HINT.format(lr_key=self.lr_key, lr=self.lr) + f"; {self._last_good()}")
+
+    def save_now(self, due: bool) -> bool:
+        """Whether to checkpoint after the newest step counted: a save is `due` (or owed
+        by an earlier step) and none of the step's updates was skipped. A due save at a
+        step with a skipped update is owed to the next step whose updates all applied, so
+        no checkpoint ever holds a step that was not trained."""
+        due = due or self.owed
+        self.owed = due and self.last_skipped > 0
+        return due and not self.owed
+
+    def finish(self, step: int) -> None:
+        """The run reached its last step: raise if any update of this run was skipped (the
+        run exits non-zero; the checkpoints hold only applied updates)."""
+        if not self.skipped_at:
+            return
+        steps = self.skipped_at
+        listed = ", ".join(map(str, steps[:10])) + (f", ... ({len(steps)} steps)" if len(steps) > 10 else "")
+        last = "" if steps[-1] != step else f"; step {step} was not checkpointed"
+        raise NonFiniteError(
+            f"the run reached step {step}, but updates were skipped as non-finite (loss or gradient) at step "
+            f"{listed}{last}: " + self.HINT.format(lr_key=self.lr_key, lr=self.lr) + f"; {self._last_good()}")

@@ -37,3 +37,30 @@ def test_family_specific_options():
 def test_unsupported_options_are_named(bad, match):
     with pytest.raises(UnsupportedModelError, match=match):
         ModelConfig.from_hf_dict({**BASE, **bad})
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"hidden_size": -64}, r"^cfg: hidden_size: must be in \[1, 2147483647\], got -64$"),
+    ({"num_hidden_layers": 0}, r"^cfg: num_hidden_layers: must be in"),
+    ({"intermediate_size": 2.5}, r"^cfg: intermediate_size: must be a whole number, got 2.5$"),
+    ({"num_key_value_heads": 3}, r"^cfg: num_key_value_heads: 3 does not divide num_attention_heads=4$"),
+    ({"num_attention_heads": 3, "num_key_value_heads": 1}, r"^cfg: num_attention_heads: 3 does not divide hidden_size"),
+    ({"rope_theta": -1.0}, r"^cfg: rope_theta: must be a finite number > 0, got -1.0$"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}}, r"^cfg: rope_parameters.rope_theta: must be"),
+    ({"rms_norm_eps": float("nan")}, r"^cfg: rms_norm_eps: must be a finite number > 0"),
+    ({"initializer_range": -0.02}, r"^cfg: initializer_range: must be a finite number >= 0"),
+    ({"eos_token_id": [2, -1]}, r"^cfg: eos_token_id: must be a token id >= 0"),
+    ({"tie_word_embeddings": "yes"}, r"^cfg: tie_word_embeddings: must be true or false"),
+])
+def test_impossible_values_are_named_with_their_key(bad, message):
+    from rljax.models.config import ModelConfigError
+
+    with pytest.raises(ModelConfigError, match=message):
+        ModelConfig.from_hf_dict({**BASE, "model_type": "llama", **bad}, "cfg: ")
+
+
+def test_head_dim_given_need_not_divide_hidden():
+    """Qwen3 sets head_dim explicitly: heads x head_dim may differ from hidden_size."""
+    config = ModelConfig.from_hf_dict({**BASE, "model_type": "qwen3", "num_attention_heads": 3,
+                                       "num_key_value_heads": 1, "head_dim": 32})
+    assert config.head_dim == 32 and config.num_attention_heads == 3

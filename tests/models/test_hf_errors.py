@@ -60,13 +60,14 @@ def test_missing_shard_names_the_file(tmp_path):
         load_hf(str(tmp_path))
 
 
-def test_generate_refuses_to_run_past_max_position_embeddings(tmp_path):
+def test_generate_refuses_to_run_past_max_position_embeddings(tmp_path, capsys):
     from rljax.cli import main
     from tests.rollout.test_generate_cli import save_tokenizer
 
     build_hf_model("llama").save_pretrained(tmp_path)  # max_position_embeddings=64
     save_tokenizer(tmp_path)
-    with pytest.raises(SystemExit) as info:
-        main(["generate", "--model", str(tmp_path), "--prompt", "w1 w2 w3", "--raw", "--max-tokens", "100"])
-    message = str(info.value)
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "w1 w2 w3", "--raw", "--max-tokens", "100"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rljax: ")]  # not progress bars
+    message = err[0]
+    assert message.startswith("rljax: error: ") and len(err) == 2, err
     assert "max_position_embeddings=64" in message and "--max-tokens" in message and "\n" not in message, message
