@@ -98,17 +98,19 @@ def run(count: int, devices: int, command: list[str], port: int | None = None, d
     terminated = threading.Event()  # this launcher got SIGTERM: passed on, and no restart after it
     restarts = 0
     while True:
-        status = _run_once(argv, count, devices, port or free_port(), timeout_s, terminated)
+        codes: list[int | None] = []
+        status = _run_once(argv, count, devices, port or free_port(), timeout_s, terminated, codes)
         if status != PREEMPTED or terminated.is_set() or restarts >= max_restarts:
             return status
         restarts += 1
         port = None  # the previous coordinator's port may still be in use
-        print(f"local_multiprocess: every process stopped at a saved step (exit {PREEMPTED}): restart "
+        print(f"local_multiprocess: the processes stopped at a saved step (exit statuses {codes}): restart "
               f"{restarts} of {max_restarts}, resuming", file=sys.stderr, flush=True)
 
 
 def _run_once(argv: list[str], count: int, devices: int, port: int, timeout_s: float | None,
-              terminated: threading.Event) -> int:
+              terminated: threading.Event, codes: list[int | None]) -> int:
+    """One start of the job; `codes` receives each process's exit status (None: stopped here)."""
     envs = [process_env(os.environ, i, count, devices, port) for i in range(count)]
     procs: list[subprocess.Popen] = []
     pumps = []
@@ -134,18 +136,18 @@ def _run_once(argv: list[str], count: int, devices: int, port: int, timeout_s: f
     preempted_at = None  # when the first process exited PREEMPTED
     try:
         while True:
-            codes = [p.poll() for p in procs]
-            failed = [c for c in codes if c not in (None, 0, PREEMPTED)]
+            now = [p.poll() for p in procs]
+            failed = [c for c in now if c not in (None, 0, PREEMPTED)]
             if failed:
                 status, stop_signal = failed[0], signal.SIGKILL
                 break
-            if all(c is not None for c in codes):
-                status = PREEMPTED if PREEMPTED in codes else 0
+            if all(c is not None for c in now):
+                status = PREEMPTED if PREEMPTED in now else 0
                 break
-            if PREEMPTED in codes:
+            if PREEMPTED in now:
                 preempted_at = preempted_at or time.time()
                 if time.time() - preempted_at > PREEMPTION_GRACE_S:
-                    late = [i for i, c in enumerate(codes) if c is None]
+                    late = [i for i, c in enumerate(now) if c is None]
                     print(f"local_multiprocess: process {late} did not stop within {PREEMPTION_GRACE_S:.0f}s of a "
                           f"preemption stop (exit {PREEMPTED})", file=sys.stderr)
                     status, stop_signal = 1, signal.SIGKILL
@@ -158,6 +160,7 @@ def _run_once(argv: list[str], count: int, devices: int, port: int, timeout_s: f
     except KeyboardInterrupt:
         status, stop_signal = 130, signal.SIGINT
     finally:
+        codes[:] = [p.poll() for p in procs]  # before the stop: who ended on their own
         _stop(procs, stop_signal)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

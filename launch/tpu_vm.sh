@@ -15,7 +15,7 @@
 #                             at a saved step after a SIGTERM to the trainer, unless the worker's
 #                             launcher was signalled too (`stop`, the VM shutting down); this
 #                             command exits 75 when worker 0's run ended that way: run it again
-#                             to resume on a new slice
+#                             to resume (after `delete` if the slice itself was preempted)
 #   run CMD...                run a shell command on every worker
 #   logs                      stream the training log of --worker (default 0)
 #   stop                      kill the training processes on every worker
@@ -55,7 +55,7 @@ WORKER=0
 PRE=()
 ENVS=()
 
-usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "tpu_vm.sh: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
