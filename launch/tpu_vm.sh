@@ -10,7 +10,12 @@
 #   setup                     copy this checkout (or --git URL[@REF]) to every worker, install
 #                             jax[tpu] and rljax there
 #   train CONFIG [k=v ...]    create + setup + (--pre) + start `rljax train` on every worker, then
-#                             stream worker 0's log; Ctrl-C kills the remote processes
+#                             stream worker 0's log; Ctrl-C kills the remote processes. A worker
+#                             restarts its `rljax train` (which resumes) when it exits 75, a stop
+#                             at a saved step after a SIGTERM to the trainer, unless the worker's
+#                             launcher was signalled too (`stop`, the VM shutting down); this
+#                             command exits 75 when worker 0's run ended that way: run it again
+#                             to resume (after `delete` if the slice itself was preempted)
 #   run CMD...                run a shell command on every worker
 #   logs                      stream the training log of --worker (default 0)
 #   stop                      kill the training processes on every worker
@@ -50,7 +55,7 @@ WORKER=0
 PRE=()
 ENVS=()
 
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "tpu_vm.sh: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
@@ -82,6 +87,7 @@ COMMAND="$1"; shift
 [[ -n "$ZONE" ]] || die "--zone (or ZONE) is required"
 
 QR_NAME="${NAME}-qr"
+PREEMPTED=75  # rljax's exit status after a SIGTERM stop at a saved step (rljax.cli.PREEMPTED_EXIT_CODE)
 TMPFILES=()
 cleanup() { [[ ${#TMPFILES[@]} -gt 0 ]] && rm -f "${TMPFILES[@]}"; true; }
 trap cleanup EXIT
@@ -177,8 +183,16 @@ cmd_train() {
     echo "cd \"$R_DIR\""
     echo 'export RLJAX_DISTRIBUTED=1 PATH="$HOME/.local/bin:$PATH"'
     for env_line in "${ENVS[@]+"${ENVS[@]}"}"; do printf 'export %q\n' "$env_line"; done
+    # exit 75: the run saved the step its processes agreed on after a SIGTERM; run it again (it resumes),
+    # unless this shell was signalled too (a stop, the machine shutting down)
+    echo "stopping=0; trap 'stopping=1' TERM INT HUP"
+    echo 'while :; do'
     printf 'python3 -m rljax.cli train'; printf ' %q' "$@"; printf '\n'
-    echo "echo \$? > \"$R_LOGS/train.rc\""
+    echo 'rc=$?'
+    echo "[[ \$rc == $PREEMPTED && \$stopping == 0 ]] || break"
+    echo "echo \"rljax train stopped at a saved step (exit $PREEMPTED): resuming\""
+    echo 'done'
+    echo "echo \$rc > \"$R_LOGS/train.rc\""
   } > "$script"
   if [[ "$DRY_RUN" == 1 ]]; then echo "# $script:"; sed 's/^/#   /' "$script"; fi
   ssh_all "mkdir -p $R_LOGS"
@@ -190,6 +204,13 @@ cmd_train() {
   cmd_logs
   trap - INT TERM
   ssh_all "echo \"worker \$(hostname): exit status \$(cat $R_LOGS/train.rc 2>/dev/null || echo unknown)\""
+  [[ "$DRY_RUN" == 1 ]] && return 0
+  local rc
+  rc="$(gcloud compute tpus tpu-vm ssh "$NAME" "${GFLAGS[@]}" --worker=0 --command "cat $R_LOGS/train.rc" 2>/dev/null || true)"
+  if [[ "$rc" == "$PREEMPTED" ]]; then
+    echo "tpu_vm.sh: the run stopped at a saved step after a SIGTERM (exit $PREEMPTED): the same command resumes it" >&2
+    exit "$PREEMPTED"
+  fi
 }
 
 cmd_logs() {

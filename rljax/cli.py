@@ -15,6 +15,11 @@ run's `log.txt`, any other is shown by ``--debug``; it exits 2 for a config erro
 otherwise. A command's own refusal (`raise SystemExit("<why>")`) prints in the same
 form and exits 1. Anything else (a bug) keeps its traceback. ``--debug`` (before or after the
 subcommand) or ``RLJAX_DEBUG=1`` shows the traceback of every error.
+
+Exit status: 0 done; 1 an error; 2 a config error or a usage error; 130 Ctrl-C (the save
+in flight finished, one line says where the run stopped); 75 (`PREEMPTED_EXIT_CODE`) a
+run stopped by SIGTERM at a step every process agreed on, with that step saved
+(`rljax.runs.Preempted`): the launchers read it as "run the same command again to resume".
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ COMMANDS: dict[str, str] = {
 }
 
 DEBUG_ENV = "RLJAX_DEBUG"
+PREEMPTED_EXIT_CODE = 75  # sysexits.h EX_TEMPFAIL: a temporary failure, to be retried
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # built-in exception types that rljax code raises on purpose, with a message for the user
 _RAISED_ON_PURPOSE = (ValueError, KeyError, RuntimeError, TypeError, OSError)
@@ -139,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
             print("rljax: interrupted", file=sys.stderr)
         return 130
     except Exception as error:
+        runs = sys.modules.get("rljax.runs")  # only a run raises Preempted, and a run has imported it
+        if runs is not None and isinstance(error, runs.Preempted):
+            print(f"rljax: {error_message(error)}", file=sys.stderr)
+            return PREEMPTED_EXIT_CODE
         if debug or not is_known_error(error):
             raise
         print(f"rljax: error: {error_message(error)}", file=sys.stderr)

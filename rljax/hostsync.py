@@ -13,6 +13,9 @@ several processes is computed from data every process holds. Three moves make th
   values computed over the global mesh, a parameter being written to a file), without
   touching non-addressable devices. Every process must fetch the same arrays in the same
   order: gathering a sharded array is a collective.
+- `any_process(flag)`: True on every process when `flag` is True on any of them (a run's
+  stop after a SIGTERM that reached one process: `rljax.runs.Preemption`). One small
+  allgather, which every process must make at the same point.
 
 With one process each is a plain local operation.
 """
@@ -43,6 +46,13 @@ def allgather_objects(value: Any) -> list[Any]:
     padded[: data.size] = data
     gathered = _allgather(padded)  # [processes, longest]
     return [pickle.loads(gathered[i, : int(n)].tobytes()) for i, n in enumerate(lengths)]
+
+
+def any_process(flag: bool) -> bool:
+    """Whether `flag` is True on at least one process (the same answer on all of them)."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    return bool(_allgather(np.asarray([int(bool(flag))], np.int32)).max() > 0)
 
 
 def global_array(host: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:

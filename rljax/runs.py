@@ -22,6 +22,10 @@ step resumed from), `save`, and `close` (finish the save in flight, close the tr
 and whatever the loop registered, release the folder; first error wins). A loop keeps
 only its own work: building models, stepping, metrics.
 
+Preemption (`Preemption`): a SIGTERM to any process of a run makes every process stop
+after one step they agree on; the loop saves that step and raises `Preempted`, which
+`rljax` turns into exit status 75, the launchers' "resume" (docs/runs.md, "Preemption").
+
 The scaffold sits below both loops and imports neither: which loop a config runs is
 decided above them (`rljax.commands.run_kinds`).
 """
@@ -37,19 +41,22 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import socket
+import threading
 from typing import Any, Callable, Iterator
 
 import jax
 import yaml
 
-from rljax.checkpoint import Checkpointer, Resumed, close_after
+from rljax.checkpoint import Checkpointer, Resumed, RunError, close_after
 from rljax.checkpoint import resume as restore_latest
 from rljax.checkpoint import finalized_steps
 from rljax.config import ConfigError, config_to_dict, load_config, save_config, validate
 from rljax.data.synthetic_spec import materialize
 from rljax.data.tokenizer import load_tokenizer
 from rljax.distributed import is_coordinator, print0
+from rljax.hostsync import any_process
 from rljax.tracking import Tracker
 
 
@@ -149,6 +156,69 @@ class RunLock:
 
     def __del__(self):  # a run dropped without `close` (an error before its loop began) frees the folder
         self.release()
+
+
+# ---- preemption -----------------------------------------------------------------------------
+#
+# A preemption notice is a SIGTERM (spot and preemptible TPU VMs get about 30 s before the
+# machine goes, GKE pods `terminationGracePeriodSeconds`, 30 s by default). It may reach one
+# process of a multi-process run only, and a checkpoint needs all of them, so the processes
+# first agree on one step to stop after. Where `jax.distributed` runs its preemption
+# service (the default for a multi-process run), the service catches SIGTERM and agrees on
+# the step (`multihost_utils.reached_preemption_sync_point`: the largest step any process
+# has reported, plus one). Otherwise (one process, or the service turned off with
+# `jax_enable_preemption_service=false`) a Python handler notes the signal and every
+# process shares its note at each step boundary (`rljax.hostsync.any_process`).
+
+
+class Preempted(RunError):
+    """The run stopped after a preemption notice (SIGTERM), at a step every process agreed
+    on, with that step's checkpoint complete; the message names it."""
+
+
+def _jax_preemption_service() -> bool:
+    """Whether `jax.distributed` runs a preemption sync manager in this process."""
+    try:
+        from jax._src import distributed
+    except ImportError:  # pragma: no cover - a jax without it
+        return False
+    state = distributed.global_state
+    return getattr(state, "client", None) is not None and getattr(state, "preemption_sync_manager", None) is not None
+
+
+class Preemption:
+    """Notices SIGTERM from construction to `close` and tells, at each step, whether every
+    process stops after it. `agreed(step)` must be called by every process after every step,
+    in order (it is a collective, or the preemption service's step count)."""
+
+    def __init__(self):
+        self.noticed = False  # this process received SIGTERM (the Python handler's note)
+        self._service = _jax_preemption_service()
+        self._previous = None
+        self._installed = False
+        # signal handlers belong to the main thread; a run started elsewhere keeps SIGTERM's default
+        if not self._service and threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._installed = True
+
+    def _on_sigterm(self, signum, frame) -> None:
+        if not self.noticed:  # os.write: no buffered stream is touched inside a handler
+            os.write(2, b"rljax: SIGTERM: the run stops and saves after the step every process agrees on\n")
+        self.noticed = True
+
+    def agreed(self, step: int) -> bool:
+        """True on every process at the step they stop after (the same on all of them)."""
+        if self._service:
+            from jax.experimental import multihost_utils
+
+            return bool(multihost_utils.reached_preemption_sync_point(step))
+        return any_process(self.noticed)
+
+    def close(self) -> None:
+        """Give SIGTERM its earlier handler back."""
+        if self._installed:
+            self._installed = False
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
 
 
 # keys a resume may change without a word: where the run folder is (a moved or copied run), and how the run
@@ -288,6 +358,7 @@ class Run:
         except BaseException:
             self._release()
             raise
+        self.preemption = Preemption()  # a SIGTERM from here on stops the run at an agreed, saved step
 
     def _open(self, cfg: Any, allow_config_change: bool) -> None:
         data_dir = os.path.join(self.directory, "data")
@@ -368,6 +439,24 @@ class Run:
         beside the step and the config."""
         self.checkpointer.save(step, state, data_state, {"step": step, **meta, "config": config_to_dict(self.config)})
 
+    def preempted(self, step: int) -> bool:
+        """Whether the run stops after `step` because a process received SIGTERM (the same
+        answer on every process). The loop calls it once after each step, on every process,
+        and then saves `step` and raises `preemption_stop(step)`; never at the last step
+        (the run ends there anyway)."""
+        agreed = self.preemption.agreed(step)
+        return agreed and step < self.config.trainer.total_steps
+
+    def preemption_stop(self, step: int) -> Preempted:
+        """The `Preempted` error to raise once `step` is saved: it waits for the save to be
+        written (a failed save raises its `CheckpointError` instead) and names the latest
+        checkpoint."""
+        self.checkpointer.wait()
+        saved = self.checkpointer.latest_step()  # `step` itself unless its update was skipped as non-finite
+        where = (f"checkpoint {self.checkpointer.path(saved)} is complete" if saved is not None
+                 else "no checkpoint was written")
+        return Preempted(f"preempted at step {step} (SIGTERM): {where}; the same command resumes from it")
+
     def on_close(self, close: Callable[[], None]) -> None:
         """Release `close` at the end of the run (after the checkpointer and the tracker)."""
         self._closers.append(close)
@@ -381,7 +470,7 @@ class Run:
             self.tracker.finish(step)
         first = None
         for close in (lambda: close_after(self.checkpointer, error, step), self.tracker.close, *self._closers,
-                      self._release):  # the folder is given up last
+                      self.preemption.close, self._release):  # the folder is given up last
             try:
                 close()
             except BaseException as e:  # noqa: PERF203

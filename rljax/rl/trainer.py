@@ -7,7 +7,9 @@
 Everything heavy is a jitted function of arrays: the forward passes here, the train step
 of `rljax.train.steps` (shared with SFT / DPO), the estimators and losses of
 `rljax.algos`. A run resumes from its last checkpoint (actor, critic, KL coefficient,
-data position) with `trainer.resume_mode=auto`.
+data position) with `trainer.resume_mode=auto`. A SIGTERM (mid-rollout included: the
+step's rollout and update finish) stops it after a step every process agrees on, saved
+(`rljax.runs.Run.preempted`).
 
 Modules, one job each: the run's folder, checkpoints, resume and metrics (`rljax.runs`,
 shared with the supervised loop), the rollouts (`rljax.rl.producer`: depth 0 here, each
@@ -229,8 +231,11 @@ class RLTrainer:
                     metrics["timing_s/testing"] = time.perf_counter() - start
                 self.run.tracker.log(step, metrics)
                 history.append({"step": step, **metrics})
-                if self.skips.save_now(self.run.save_due(step)):  # never a step whose update was skipped
+                preempted = self.run.preempted(step)  # a SIGTERM to any process, mid-rollout included
+                if self.skips.save_now(self.run.save_due(step) or preempted):  # never a step whose update was skipped
                     self.save()
+                if preempted:  # every process saved its last good step
+                    raise self.run.preemption_stop(step)
             self.skips.finish(self.step_count)
         except BaseException as e:  # Ctrl-C included: the save in flight is finished, one line says where we are
             error = e

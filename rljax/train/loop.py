@@ -7,7 +7,8 @@ The run's folder, config, tokenizer, data, checkpoints, resume and metrics are t
 shared scaffold's (`rljax.runs.Run`); what differs between SFT, reward-model and DPO
 training is the task (`rljax.train.tasks`). With `trainer.resume_mode=auto` a restarted
 run continues from its last complete checkpoint: same parameters, optimizer state, RNG
-and data position.
+and data position. A SIGTERM stops it after a step every process agrees on, saved
+(`rljax.runs.Run.preempted`).
 """
 
 from __future__ import annotations
@@ -125,7 +126,9 @@ def _train(run: Run, mesh) -> dict:
             if pending is not None:
                 last = flush(pending)
             pending = (step, metrics, _tokens(host_batch), _seq_len(batch), data_s)  # the agreed length
-            validate_now, save_due = run.validation_due(step), run.save_due(step) or skips.owed
+            preempted = run.preempted(step)  # a SIGTERM to any process: all save this step and stop
+            validate_now = run.validation_due(step)
+            save_due = run.save_due(step) or skips.owed or preempted
             if validate_now or save_due:  # log this step before the pause, so its timing is its own
                 last, pending = flush(pending), None
             save_now = save_due and skips.save_now(save_due)  # never a step whose update was skipped
@@ -138,6 +141,8 @@ def _train(run: Run, mesh) -> dict:
                 run.save(step, state, data_state)
             if validate_now or save_due:
                 clock[0] = time.perf_counter()
+            if preempted:
+                raise run.preemption_stop(step)
         skips.finish(step)
     except BaseException as e:  # Ctrl-C included: the save in flight is finished, one line says where we are
         error = e
