@@ -20,7 +20,8 @@ metrics split a step:
     step           the whole iteration
 
 `--mode sync one_step_off` runs each scheduling mode (`trainer.mode`; one_step_off puts
-one rollout replica on its own device, `rljax.rl.async_producer`). `--gen-seconds` /
+one rollout replica on a device of the first half and trains on the second half,
+`rljax.rl.async_producer`). `--gen-seconds` /
 `--train-seconds` stretch each rollout / each step's update to at least that long (a
 sleep, which takes no core), so the overlap shows on a small CPU machine. Per mode the
 summary compares the step time with gen + train (what a sync step costs) and with the
@@ -66,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_config(args, run_dir: str, mode: str = "sync"):
     """The RLConfig of the benchmark run; `one_step_off`: one rollout replica of one
-    device, the other devices train."""
+    device of the first half, the second half trains."""
     from rljax.bench.train import hf_config_dict
     from rljax.data.config import DataConfig
     from rljax.rl.config import ActorConfig, AsyncConfig, RewardConfig, RLConfig, RLTrainerConfig, RolloutConfig
@@ -92,7 +93,7 @@ def build_config(args, run_dir: str, mode: str = "sync"):
         trainer=RLTrainerConfig(algorithm="grpo", total_steps=args.steps, default_local_dir=run_dir,
                                 experiment_name="bench_step", logger=["jsonl"], async_save=False,
                                 resume_mode="disable", save_freq=0, mode=mode),
-        async_=AsyncConfig(rollout_devices=1),
+        async_=AsyncConfig(rollout_devices=4),  # one replica of one device; the trainer on the other half
     )
 
 
