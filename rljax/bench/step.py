@@ -26,7 +26,9 @@ one rollout replica on a device of the first half and trains on the second half,
 sleep, which takes no core), so the overlap shows on a small CPU machine. Per mode the
 summary compares the step time with gen + train (what a sync step costs) and with the
 ideal overlap max(gen, train): `speedup` = (gen + train) / step, `ideal` = (gen + train) /
-max(gen, train), averaged over the steps after the first `--skip` (compilation).
+max(gen, train), averaged over the steps after the first `--skip` (compilation) but the
+last (which has no next rollout to overlap with); `vs_sync` is the sync step time over
+the mode's, when both ran.
 """
 
 from __future__ import annotations
@@ -119,14 +121,18 @@ def summary(mode: str, rows: list[dict], skip: int) -> dict:
     for it) and the weight update; speedup and ideal as in the module docstring."""
     import numpy as np
 
-    kept = rows[skip:] or rows
+    kept = rows[skip:-1] if len(rows) > skip + 1 else rows  # the last step has no next rollout to overlap
     step = float(np.mean([r["step"] for r in kept]))
     gen = float(np.mean([r["gen"] for r in kept]))
     blocked = [r["gen"] if mode == "sync" else r["wait_rollout"] for r in kept]
     train = float(np.mean([r["step"] - b - (r["update_weights"] or 0.0) for r, b in zip(kept, blocked)]))
-    return {"mode": mode, "steps": len(kept), "step": step, "gen": gen, "train": train,
-            "trainer_idle": float(np.mean([r["trainer_idle"] or 0.0 for r in kept])),
-            "sampler_idle": float(np.mean([r["sampler_idle"] or 0.0 for r in kept])),
+    if mode == "sync":  # the trainer idles while the sampler generates, the sampler for the rest of the step
+        idle = {"trainer_idle": float(np.mean([r["gen"] / r["step"] for r in kept])),
+                "sampler_idle": float(np.mean([1.0 - r["gen"] / r["step"] for r in kept]))}
+    else:
+        idle = {"trainer_idle": float(np.mean([r["trainer_idle"] for r in kept])),
+                "sampler_idle": float(np.mean([r["sampler_idle"] for r in kept]))}
+    return {"mode": mode, "steps": len(kept), "step": step, "gen": gen, "train": train, **idle,
             "speedup": (gen + train) / step, "ideal": (gen + train) / max(gen, train)}
 
 
@@ -174,10 +180,13 @@ def main(args: argparse.Namespace) -> int:
           f"remat={args.remat} (step 0 includes compilation)")
     print_table(rows, ["mode", "iter", "rows", "attention", *TIMING_KEYS, "trainer_idle", "sampler_idle",
                        "staleness", "tokens", "tok_s", "mfu", "response_len", "log_prob_diff_max", "sampler_programs"])
+    sync = next((m["step"] for m in summaries if m["mode"] == "sync"), None)
+    for m in summaries:
+        m["vs_sync"] = None if sync is None else sync / m["step"]
     print(f"\nper mode, steps after the first {args.skip} (gen-seconds={args.gen_seconds}, "
           f"train-seconds={args.train_seconds}):")
     print_table(summaries, ["mode", "steps", "step", "gen", "train", "trainer_idle", "sampler_idle", "speedup",
-                            "ideal"])
+                            "ideal", "vs_sync"])
     write_json(args.out, "step", rows, {"args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
                                         "summary": summaries})
     return 0
