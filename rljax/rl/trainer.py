@@ -10,9 +10,11 @@ of `rljax.train.steps` (shared with SFT / DPO), the estimators and losses of
 data position) with `trainer.resume_mode=auto`.
 
 Modules, one job each: the run's folder, checkpoints, resume and metrics (`rljax.runs`,
-shared with the supervised loop), the rollouts (`rljax.rl.producer`: depth 0 here, each
-step samples with its own weights), the typed step batch (`rljax.rl.batch`), the trained
-modules and their mini-batch updates (`rljax.rl.learner`), the jitted forwards outside
+shared with the supervised loop), the rollouts (`rljax.rl.producer`: depth 0 in
+`trainer.mode: sync`, each step samples with its own weights; `rljax.rl.async_producer`:
+depth 1 in `one_step_off`, the next step samples while this one trains), the typed step
+batch (`rljax.rl.batch`), the trained modules and their mini-batch updates
+(`rljax.rl.learner`), the jitted forwards outside
 the optimizer (`rljax.rl.forwards`), KL in the reward, rollout correction and advantages
 (`rljax.rl.advantage_stage`), what a step reports (`rljax.rl.step_metrics`); here, the
 loop. Each stage returns a new `StepBatch`.
