@@ -16,7 +16,19 @@ metrics split a step:
     adv            the advantage stage: KL in the reward, advantages (`rljax.rl.advantage_stage`)
     update_actor   the actor's optimizer step(s)
     update_weights new weights into the sampler
+    wait_rollout   (one_step_off) the trainer waiting for the rollout sampled in the background
     step           the whole iteration
+
+`--mode sync one_step_off` runs each scheduling mode (`trainer.mode`; one_step_off puts
+one rollout replica on a device of the first half and trains on the second half,
+`rljax.rl.async_producer`). `--gen-seconds` /
+`--train-seconds` stretch each rollout / each step's update to at least that long (a
+sleep, which takes no core), so the overlap shows on a small CPU machine. Per mode the
+summary compares the step time with gen + train (what a sync step costs) and with the
+ideal overlap max(gen, train): `speedup` = (gen + train) / step, `ideal` = (gen + train) /
+max(gen, train), averaged over the steps after the first `--skip` (compilation) but the
+last (which has no next rollout to overlap with); `vs_sync` is the sync step time over
+the mode's, when both ran.
 """
 
 from __future__ import annotations
@@ -26,7 +38,8 @@ import tempfile
 
 HELP = "One GRPO step (random model, synthetic arithmetic) with its time split (timing_s/*)."
 
-TIMING_KEYS = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "step")
+TIMING_KEYS = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "wait_rollout", "step")
+MODES = ("sync", "one_step_off")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,16 +57,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch-per-device", type=int, default=0,
                    help="actor.ppo_micro_batch_size_per_device (0: the whole mini-batch)")
     p.add_argument("--steps", type=int, default=2, help="RL steps; the first compiles")
+    p.add_argument("--mode", nargs="+", choices=MODES, default=["sync"],
+                   help="trainer.mode(s) to run, one after the other")
+    p.add_argument("--gen-seconds", type=float, default=0.0,
+                   help="each rollout lasts at least this long (a sleep after sampling and scoring)")
+    p.add_argument("--train-seconds", type=float, default=0.0,
+                   help="each step's actor update lasts at least this long (a sleep after it)")
+    p.add_argument("--skip", type=int, default=1, help="steps left out of the per-mode summary (compilation)")
     p.add_argument("--out", default="bench_results/step.json")
 
 
-def build_config(args, run_dir: str):
-    """The RLConfig of the benchmark run."""
+def build_config(args, run_dir: str, mode: str = "sync"):
+    """The RLConfig of the benchmark run; `one_step_off`: one rollout replica of one
+    device of the first half, the second half trains."""
     from rljax.bench.train import hf_config_dict
     from rljax.data.config import DataConfig
-    from rljax.rl.config import ActorConfig, RewardConfig, RLConfig, RolloutConfig
+    from rljax.rl.config import ActorConfig, AsyncConfig, RewardConfig, RLConfig, RLTrainerConfig, RolloutConfig
     from rljax.train.optim import OptimConfig
-    from rljax.train.run_config import ModelRunConfig, TrainerConfig
+    from rljax.train.run_config import ModelRunConfig
 
     rows = args.prompts * args.n
     pages_per_row = -(-(args.max_prompt_length + args.response_length) // 16)
@@ -67,12 +88,52 @@ def build_config(args, run_dir: str):
                           use_kl_loss=True, kl_loss_type="low_var_kl", optim=OptimConfig(lr=1e-6)),
         rollout=RolloutConfig(n=args.n, temperature=1.0, response_length=args.response_length, max_num_seqs=rows,
                               max_num_batched_tokens=max(1024, 4 * args.max_prompt_length), page_size=16,
-                              num_pages=1 + rows * pages_per_row + args.prompts),
+                              num_pages=1 + rows * pages_per_row + args.prompts,
+                              tensor_parallel_size=0 if mode == "sync" else 1,
+                              data_parallel_size=0 if mode == "sync" else 1),
         reward=RewardConfig(mode="inline"),
-        trainer=TrainerConfig(algorithm="grpo", total_steps=args.steps, default_local_dir=run_dir,
-                              experiment_name="bench_step", logger=["jsonl"], async_save=False,
-                              resume_mode="disable", save_freq=0),
+        trainer=RLTrainerConfig(algorithm="grpo", total_steps=args.steps, default_local_dir=run_dir,
+                                experiment_name="bench_step", logger=["jsonl"], async_save=False,
+                                resume_mode="disable", save_freq=0, mode=mode),
+        async_=AsyncConfig(rollout_devices=4),  # one replica of one device; the trainer on the other half
     )
+
+
+def stretch(fn, seconds: float):
+    """`fn`, made to last at least `seconds` per call (sleeping after it)."""
+    import time
+
+    if seconds <= 0:
+        return fn
+
+    def stretched(*args, **kwargs):
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        time.sleep(max(0.0, seconds - (time.perf_counter() - start)))
+        return out
+
+    return stretched
+
+
+def summary(mode: str, rows: list[dict], skip: int) -> dict:
+    """Mean step, generation and training seconds of `rows` after the first `skip`; the
+    training is the step less the rollout (sync: its generation; one_step_off: the wait
+    for it) and the weight update; speedup and ideal as in the module docstring."""
+    import numpy as np
+
+    kept = rows[skip:-1] if len(rows) > skip + 1 else rows  # the last step has no next rollout to overlap
+    step = float(np.mean([r["step"] for r in kept]))
+    gen = float(np.mean([r["gen"] for r in kept]))
+    blocked = [r["gen"] if mode == "sync" else r["wait_rollout"] for r in kept]
+    train = float(np.mean([r["step"] - b - (r["update_weights"] or 0.0) for r, b in zip(kept, blocked)]))
+    if mode == "sync":  # the trainer idles while the sampler generates, the sampler for the rest of the step
+        idle = {"trainer_idle": float(np.mean([r["gen"] / r["step"] for r in kept])),
+                "sampler_idle": float(np.mean([1.0 - r["gen"] / r["step"] for r in kept]))}
+    else:
+        idle = {"trainer_idle": float(np.mean([r["trainer_idle"] for r in kept])),
+                "sampler_idle": float(np.mean([r["sampler_idle"] for r in kept]))}
+    return {"mode": mode, "steps": len(kept), "step": step, "gen": gen, "train": train, **idle,
+            "speedup": (gen + train) / step, "ideal": (gen + train) / max(gen, train)}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -87,27 +148,45 @@ def main(args: argparse.Namespace) -> int:
     attention = args.attention
     if attention == "auto":
         attention = f"auto->{choose_attention(jax.default_backend(), args.dtype, config.head_dim)}"
-    rows = []
-    with tempfile.TemporaryDirectory() as run_dir:
-        trainer = RLTrainer(build_config(args, run_dir))
-        try:
-            for i in range(args.steps):
-                metrics = trainer.step()
-                row = {"iter": i, "model": args.model, "rows": args.prompts * args.n, "attention": attention}
-                row.update({k: metrics.get(f"timing_s/{k}") for k in TIMING_KEYS})
-                row["tokens"] = metrics.get("perf/total_num_tokens")
-                row["tok_s"] = metrics.get("perf/throughput", 0.0) * jax.device_count()
-                row["mfu"] = metrics.get("perf/mfu")
-                row["response_len"] = metrics.get("response_length/mean")
-                row["log_prob_diff_max"] = metrics.get("training/rollout_probs_diff_max")
-                row["sampler_programs"] = trainer.generation.num_compiled_programs  # grows: gen compiled
-                rows.append(row)
-        finally:
-            trainer.close()
+    rows, summaries = [], []
+    for mode in args.mode:
+        mode_rows = []
+        with tempfile.TemporaryDirectory() as run_dir:
+            trainer = RLTrainer(build_config(args, run_dir, mode))
+            trainer.run_rollout = stretch(trainer.run_rollout, args.gen_seconds)
+            trainer.actor.update = stretch(trainer.actor.update, args.train_seconds)
+            try:
+                for i in range(args.steps):
+                    metrics = trainer.step()
+                    row = {"mode": mode, "iter": i, "model": args.model, "rows": args.prompts * args.n,
+                           "attention": attention}
+                    row.update({k: metrics.get(f"timing_s/{k}") for k in TIMING_KEYS})
+                    row["trainer_idle"] = metrics.get("async/trainer_idle_fraction")
+                    row["sampler_idle"] = metrics.get("async/sampler_idle_fraction")
+                    row["staleness"] = metrics.get("async/staleness/max")
+                    row["tokens"] = metrics.get("perf/total_num_tokens")
+                    row["tok_s"] = metrics.get("perf/throughput", 0.0) * jax.device_count()
+                    row["mfu"] = metrics.get("perf/mfu")
+                    row["response_len"] = metrics.get("response_length/mean")
+                    row["log_prob_diff_max"] = metrics.get("training/rollout_probs_diff_max")
+                    row["sampler_programs"] = trainer.generation.num_compiled_programs  # grows: gen compiled
+                    mode_rows.append(row)
+            finally:
+                trainer.close()
+        rows += mode_rows
+        summaries.append(summary(mode, mode_rows, args.skip))
     print(f"model={args.model} params={config.num_params() / 1e6:.1f}M backend={jax.default_backend()} "
           f"prompts={args.prompts} n={args.n} response_length={args.response_length} dtype={args.dtype} "
           f"remat={args.remat} (step 0 includes compilation)")
-    print_table(rows, ["iter", "rows", "attention", *TIMING_KEYS, "tokens", "tok_s", "mfu", "response_len",
-                       "log_prob_diff_max", "sampler_programs"])
-    write_json(args.out, "step", rows, {"args": {k: v for k, v in vars(args).items() if not k.startswith("_")}})
+    print_table(rows, ["mode", "iter", "rows", "attention", *TIMING_KEYS, "trainer_idle", "sampler_idle",
+                       "staleness", "tokens", "tok_s", "mfu", "response_len", "log_prob_diff_max", "sampler_programs"])
+    sync = next((m["step"] for m in summaries if m["mode"] == "sync"), None)
+    for m in summaries:
+        m["vs_sync"] = None if sync is None else sync / m["step"]
+    print(f"\nper mode, steps after the first {args.skip} (gen-seconds={args.gen_seconds}, "
+          f"train-seconds={args.train_seconds}):")
+    print_table(summaries, ["mode", "steps", "step", "gen", "train", "trainer_idle", "sampler_idle", "speedup",
+                            "ideal", "vs_sync"])
+    write_json(args.out, "step", rows, {"args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+                                        "summary": summaries})
     return 0

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from rljax.agent.config import AgentConfig
 from rljax.algos.kl import FULL_KL
 from rljax.algos.registry import get_adv_estimator
-from rljax.config import ConfigError, FieldError, NonNegFloat, Rows, Steps, from_dict
+from rljax.config import ConfigError, FieldError, NonNegFloat, Rows, Steps, alias, from_dict
 from rljax.data.config import DataConfig
 from rljax.parallel import MeshConfig
 from rljax.rl.actor_config import ActorConfig, CriticConfig, PolicyLossConfig
@@ -51,6 +51,7 @@ from rljax.rl.reward_config import (
     RewardModelConfig,
     VerifierConfig,
 )
+from rljax.rl.async_config import AsyncConfig, RLTrainerConfig, check_mode, device_counts
 from rljax.rl.presets import PRESETS, preset_tree
 from rljax.rl.request_streams import TRAIN, VALIDATION, request_stream
 from rljax.rl.rollout_config import RolloutConfig, TopK, ValKwargs
@@ -72,6 +73,7 @@ __all__ = [
     "TrainerConfig", "ActorConfig", "CriticConfig", "PolicyLossConfig", "RolloutConfig", "ValKwargs",
     "AlgorithmConfig", "KLControlConfig", "FilterGroupsConfig", "RolloutCorrectionConfig", "RewardConfig",
     "OverlongBufferConfig", "CustomRewardFunction", "RewardModelConfig", "VerifierConfig", "FULL_KL", "TopK",
+    "RLTrainerConfig", "AsyncConfig",
 ]
 
 # estimators whose baseline is the group's own mean: one sample per prompt gives zero advantages
@@ -104,10 +106,12 @@ class RLConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  # sampling
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # advantages, KL in reward, filtering
     reward: RewardConfig = field(default_factory=RewardConfig)  # how responses are scored
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(algorithm="grpo"))  # the loop
+    trainer: RLTrainerConfig = field(default_factory=lambda: RLTrainerConfig(algorithm="grpo"))  # the loop
     mesh: MeshConfig = field(default_factory=MeshConfig)  # device mesh (data x fsdp x tensor)
     warmup_sft: WarmupSFTConfig = field(default_factory=WarmupSFTConfig)  # an SFT phase before RL
     agent: AgentConfig | None = None  # multi-turn agent rollouts (tools or an environment); null: single-turn
+    # the asynchronous modes' settings (trainer.mode; YAML key `async`)
+    async_: AsyncConfig = field(default_factory=AsyncConfig, metadata=alias("async"))
 
     @classmethod
     def defaults_for(cls, raw: dict) -> RLConfig | None:
@@ -127,6 +131,7 @@ class RLConfig:
         section's own checks; keys here are full dotted keys)."""
         check_algorithm(self.trainer.algorithm, "RL", RL_ALGORITHMS, SUPERVISED_ALGORITHMS, "a supervised")
         check_mesh_shape(self.mesh)
+        check_mode(self)
         r, alg = self.rollout, self.algorithm
         batch, batch_key = self.data.batch_size, batch_size_key(self.data)
         for section in self._learners():
@@ -166,12 +171,19 @@ class RLConfig:
         if processes > 1 and (self.reward.reward_model.enable or self.reward.verifier.enable):
             raise ConfigError("reward.reward_model / reward.verifier: not supported in a run of several processes "
                               "(their forward spans the mesh while rollouts run per process)")
+        if processes > 1 and self.trainer.mode != "sync":
+            raise ConfigError(f"trainer.mode={self.trainer.mode}: one process only for now (the weight transfer "
+                              "between disjoint multi-host device sets is one program over their union, "
+                              "docs/async.md); use trainer.mode=sync")
         if num_devices is None:
             return
+        # the asynchronous modes split the devices: the rollout replicas' share and the trainer's mesh
+        num_devices, rollout_devices = device_counts(self, num_devices, processes)
         tp, dp = self.rollout.tensor_parallel_size, self.rollout.data_parallel_size
-        if tp and (num_devices % tp or (dp or num_devices // tp) * tp > num_devices):
+        if tp and (rollout_devices % tp or (dp or rollout_devices // tp) * tp > rollout_devices):
             raise ConfigError(f"rollout.tensor_parallel_size={tp} x rollout.data_parallel_size={dp or 'auto'}: "
-                              f"replicas of {tp} devices must fit the {num_devices} devices and tp must divide them")
+                              f"replicas of {tp} devices must fit the {rollout_devices} rollout devices and tp "
+                              "must divide them")
         ways = data_parallel_size(self.mesh, num_devices)
         n = self.rollout.n
         rows = self.data.batch_size * n

@@ -22,6 +22,7 @@ import jax
 from rljax.rewards.manager import RewardManager
 from rljax.rewards.sources import Combine, FunctionSource, RewardSources
 from rljax.rl.agent_rollout import agent_generate_and_score
+from rljax.rl.async_config import run_split
 from rljax.rl.config import RLConfig
 from rljax.rl.main_thread import OnMainThread
 from rljax.rl.model_rewards import build_model_rewards
@@ -74,16 +75,18 @@ def make_rollout_fn(sampler: Sampler, rewards: RewardSources, tokenizer, cfg: RL
 
 def rollout_layout(cfg: RLConfig) -> ReplicaLayout:
     """The replicas of `rollout.tensor_parallel_size` devices: `rollout.data_parallel_size`
-    of them (0: all devices / tp) over the first devices in process-major order. Fewer
+    of them (0: all rollout devices / tp) over the first rollout devices in process-major
+    order (every device in `trainer.mode=sync`; `rljax.rl.async_config.split_devices`). Fewer
     devices than the mesh's is for one process only (with several, the hand-off reshards
     within the training mesh's device set)."""
     r = cfg.rollout
     tp = r.tensor_parallel_size
-    dp = r.data_parallel_size or jax.device_count() // tp
-    if dp * tp != jax.device_count() and jax.process_count() > 1:
+    share = run_split(cfg).rollout  # every device; the rollout's own share in an asynchronous trainer.mode
+    dp = r.data_parallel_size or len(share) // tp
+    if dp * tp != len(share) and jax.process_count() > 1:
         raise ValueError(f"rollout.data_parallel_size={dp} x rollout.tensor_parallel_size={tp} must cover all "
-                         f"{jax.device_count()} devices in a run of {jax.process_count()} processes")
-    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))[: dp * tp]
+                         f"{len(share)} rollout devices in a run of {jax.process_count()} processes")
+    devices = share[: dp * tp]
     return ReplicaLayout.create(devices, tp, dp, r.allow_cross_host_replicas)
 
 

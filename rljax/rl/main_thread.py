@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import queue
 import threading
+import time
 from typing import Any, Callable, Iterable
 
 
@@ -32,11 +33,22 @@ class MainThreadCalls:
         self._queue.put((result, fn, args, kwargs))
         return result.result()
 
-    def serve(self, futures: Iterable[concurrent.futures.Future], poll_s: float = 0.01) -> None:
+    @property
+    def on_owner(self) -> bool:
+        """The calling thread is the owner (the one that serves)."""
+        return threading.get_ident() == self._owner
+
+    def serve(self, futures: Iterable[concurrent.futures.Future], poll_s: float = 0.01,
+              timeout_s: float | None = None) -> None:
+        """Run queued calls until every future is done; `TimeoutError` after `timeout_s`
+        seconds (None: no limit)."""
         if threading.get_ident() != self._owner:
             raise RuntimeError("MainThreadCalls.serve: only the thread that created it serves its calls")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pending = set(futures)
         while pending:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{len(pending)} task(s) not done after {timeout_s:g} s")
             try:
                 result, fn, args, kwargs = self._queue.get(timeout=poll_s)
             except queue.Empty:

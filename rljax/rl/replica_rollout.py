@@ -95,7 +95,10 @@ class ReplicatedRollout:
         futures = {r: self._pool.submit(rollout_fn, self.samplers[r], select(prompts, shares[r]), params,
                                         offset + shares[r][0])
                    for r in self.local if shares[r]}
-        self.main_thread.serve(futures.values())
+        if self.main_thread.on_owner:
+            self.main_thread.serve(futures.values())
+        else:  # a producer's thread: the owner serves the rollout's main-thread calls while it waits for it
+            concurrent.futures.wait(futures.values())
         local: dict[int, ScoredRollout | str] = {}
         for r, future in futures.items():
             try:

@@ -12,9 +12,11 @@ step's rollout and update finish) stops it after a step every process agrees on,
 (`rljax.runs.Run.preempted`).
 
 Modules, one job each: the run's folder, checkpoints, resume and metrics (`rljax.runs`,
-shared with the supervised loop), the rollouts (`rljax.rl.producer`: depth 0 here, each
-step samples with its own weights), the typed step batch (`rljax.rl.batch`), the trained
-modules and their mini-batch updates (`rljax.rl.learner`), the jitted forwards outside
+shared with the supervised loop), the rollouts (`rljax.rl.producer`: depth 0 in
+`trainer.mode: sync`, each step samples with its own weights; `rljax.rl.async_producer`:
+depth 1 in `one_step_off`, the next step samples while this one trains), the typed step
+batch (`rljax.rl.batch`), the trained modules and their mini-batch updates
+(`rljax.rl.learner`), the jitted forwards outside
 the optimizer (`rljax.rl.forwards`), KL in the reward, rollout correction and advantages
 (`rljax.rl.advantage_stage`), what a step reports (`rljax.rl.step_metrics`); here, the
 loop. Each stage returns a new `StepBatch`.
@@ -40,6 +42,9 @@ from rljax.models.lora import sharing_base
 from rljax.parallel import make_mesh, state_shardings
 from rljax.rl.advantage_stage import AdvantageStage
 from rljax.rl.agent_rollout import agent_config
+from rljax.rl.async_config import run_split
+from rljax.rl.async_producer import (OneStepOffProducer, rollout_from_json, rollout_to_json,
+                                     staleness_metrics)
 from rljax.rl.batch import BatchFields, StepBatch, build_batch
 from rljax.rl.config import RLConfig
 from rljax.rl.evaluate import validate
@@ -62,7 +67,7 @@ class RLTrainer:
         # the config is checked first (every problem one line, before any work); prompts are "rl" rows
         self.run = Run(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, format="rl")))
         cfg, self.tokenizer = self.run.config, self.run.tokenizer
-        self.mesh = make_mesh(cfg.mesh)
+        self.mesh = make_mesh(cfg.mesh, trainer_devices(cfg))
         if cfg.warmup_sft.enable:
             cfg = self.run.config = run_warmup_sft(cfg, self.run.directory)
         self.cfg = cfg
@@ -104,6 +109,11 @@ class RLTrainer:
         self.producer = SyncProducer(lambda prompts, params, offset: self.run_rollout(prompts, params, offset),
                                      lambda: next(self.train_data), cfg.data.batch_size, fg if fg.enable else None,
                                      self.fields.reward_baselines)
+        self.mode = cfg.trainer.mode
+        if self.mode == "one_step_off":  # depth 1: the next step's rollout runs while this step trains
+            self.producer = OneStepOffProducer(self.producer, self.generation.update_params,
+                                               self.generation.replicas.main_thread, cfg.async_.timeout_s)
+            self.run.on_close(self.producer.close)
         # reference-answer perplexity in validation is scored at temperature 1
         self.val_log_probs = None if self.agent_config is not None else (
             self.forwards.log_probs if r.temperature == 1.0 else make_log_prob_fn(self.actor.graphdef, 1.0))
@@ -115,17 +125,31 @@ class RLTrainer:
         self.skips = SkipGuard(cfg.trainer.max_consecutive_skipped_steps, "actor.optim.lr", a.optim.lr,
                                self.run.checkpointer, int(jax.device_get(self.actor.state.skipped_steps)))
         self.generation.update_params(self.actor.params)
+        if self.mode != "sync":  # the sampler now holds the restored weights; the checkpoint's batch is pending
+            self.producer.restore(self._pending_batch, self.step_count)
 
     # ---- one iteration -----------------------------------------------------------------
 
     def rollout(self, timer: Timer) -> ScoredRollout:
-        """The step's rollout: its prompts submitted to the producer with the sampler's
-        policy version (this step's), and collected at once (depth 0)."""
-        cfg = self.cfg
-        params = cfg.sampling_params(self.step_count)
-        with timer("gen"):
-            self.producer.submit(next(self.train_data), self.step_count, params)
-            return self.producer.collect()
+        """The step's rollout. sync: its prompts submitted to the producer with the
+        sampler's policy version (this step's), and collected at once (depth 0).
+        one_step_off: the batch submitted by the previous step (sampled one version ago)
+        is collected, the sampler gets this step's weights, and the next step's prompts
+        go to the producer (`rljax.rl.async_producer`)."""
+        cfg, k = self.cfg, self.step_count
+        if self.mode == "sync":
+            with timer("gen"):
+                self.producer.submit(next(self.train_data), k, cfg.sampling_params(k))
+                return self.producer.collect()
+        if not self.producer.pending:  # the run's first step: nothing was sampled ahead
+            self.producer.submit(next(self.train_data), k, cfg.sampling_params(k))
+        with timer("wait_rollout"):
+            rollout = self.producer.collect()
+        with timer("update_weights"):
+            rollout.metrics.update(self.producer.update_weights(self.actor.params, k))
+        if k + 1 < cfg.trainer.total_steps:
+            self.producer.submit(next(self.train_data), k, cfg.sampling_params(k + 1))
+        return rollout
 
     def run_rollout(self, prompts: dict[str, list], params, offset: int) -> ScoredRollout:
         """One rollout of sampling and scoring (`rljax.rl.generation.Generation.rollout`)."""
@@ -172,7 +196,10 @@ class RLTrainer:
                 if skipped < attempted:  # the sampler never runs on non-finite weights
                     self.skips.check_params(self.step_count + 1, self.actor.state.params,
                                             "the sampler keeps the previous weights", "actor parameters")
-                metrics.update(self.generation.update_params(self.actor.params))
+                if self.mode == "sync":  # one_step_off: at the next step's start, once its rollout is done
+                    metrics.update(self.generation.update_params(self.actor.params))
+        if self.mode != "sync":
+            metrics.update(self.async_metrics(rollout, timer.seconds, start, time.perf_counter()))
         self.step_count += 1
         metrics.update(batch_metrics(batch, rollout.samples))
         metrics.update(rollout_mismatch(batch))
@@ -181,13 +208,26 @@ class RLTrainer:
                                   self.cfg.actor.ppo_epochs, self.actor_flops_per_token, self.flops_peak))
         return metrics
 
+    def async_metrics(self, rollout: ScoredRollout, seconds: dict[str, float], start: float,
+                      end: float) -> dict[str, float]:
+        """An asynchronous step's staleness (`rljax.rl.async_producer.staleness_metrics`)
+        and idle fractions over its wall time: the trainer's, waiting for the rollout; the
+        sampler's, with no rollout running."""
+        wall = max(end - start, 1e-9)
+        return {**staleness_metrics(rollout.samples, self.step_count),
+                "async/trainer_idle_fraction": seconds.get("timing_s/wait_rollout", 0.0) / wall,
+                "async/sampler_idle_fraction": 1.0 - self.producer.busy_seconds(start, end) / wall}
+
     def actor_flops_per_token(self, seq_len: int) -> float:
         return nnx.merge(self.actor.graphdef, self.actor.params).config.flops_per_token(seq_len)
 
     # ---- validation, checkpoints, the run ----------------------------------------------
 
     def validate(self) -> dict[str, float]:
-        """`rljax.rl.evaluate.validate` with the current policy."""
+        """`rljax.rl.evaluate.validate` with the current policy (asynchronous modes: handed
+        to the sampler once the rollout in flight is done)."""
+        if self.mode != "sync":
+            self.producer.update_weights(self.actor.params, self.step_count)
         return validate(self.cfg, self.tokenizer, self.run_rollout, self.val_log_probs, self.actor.params,
                         self.mesh)
 
@@ -195,7 +235,11 @@ class RLTrainer:
         state: dict[str, Any] = {"actor": self.actor.state}
         if self.critic is not None:
             state["critic"] = self.critic.state
-        self.run.save(self.step_count, state, self.train_data.get_state(), kl_coef=float(self.kl_ctrl.value))
+        meta: dict[str, Any] = {"kl_coef": float(self.kl_ctrl.value)}
+        if self.mode != "sync":  # the finished, untrained batch of the next step (the data is past its prompts)
+            pending = self.producer.pending_rollout()
+            meta["pending_rollout"] = None if pending is None else rollout_to_json(pending)
+        self.run.save(self.step_count, state, self.train_data.get_state(), **meta)
 
     def _resume(self) -> int:
         """Restore the actor, the critic, the KL coefficient and the data position
@@ -204,8 +248,11 @@ class RLTrainer:
         if self.critic is not None:
             target["critic"] = abstract_like(self.critic.state)
         found = self.run.resume(target, self.train_data)
+        self._pending_batch = None
         if found is None:
             return 0
+        pending = found.meta.get("pending_rollout")
+        self._pending_batch = None if pending is None else rollout_from_json(pending)
         self.actor.state = found.state["actor"]
         if self.critic is not None:
             self.critic.state = found.state["critic"]
@@ -252,5 +299,11 @@ class RLTrainer:
 
 def train_rl(cfg: RLConfig) -> list[dict[str, float]]:
     """Run (or resume) an RL run under its mesh (so activation layouts are pinned)."""
-    with jax.set_mesh(make_mesh(cfg.mesh)):
+    with jax.set_mesh(make_mesh(cfg.mesh, trainer_devices(cfg))):
         return RLTrainer(cfg).fit()
+
+
+def trainer_devices(cfg: RLConfig) -> tuple | None:
+    """The devices of the trainer's mesh: all (None) in sync mode, else the trainer's
+    share (`rljax.rl.async_config.split_devices`)."""
+    return None if cfg.trainer.mode == "sync" else run_split(cfg).trainer

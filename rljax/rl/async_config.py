@@ -1,0 +1,112 @@
+"""The RL loop's scheduling: `trainer.mode` (`RLTrainerConfig`, the shared `trainer:`
+section plus the mode) and the `async:` section (`AsyncConfig`), and how the devices
+split between the trainer and the rollout replicas in the asynchronous modes
+(`split_devices`).
+
+    sync          generate, then train, on the same devices (the trainer's mesh covers them all)
+    one_step_off  the rollout replicas sample step k+1's prompts on their own devices while the
+                  trainer trains on step k's batch (`rljax.rl.async_producer.OneStepOffProducer`)
+
+`async` is a Python keyword, so the section's field is `async_`; YAML files and overrides
+write `async:` (an alias, `rljax.config.alias`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+from rljax.config import ConfigError, Devices, NonNegFloat
+from rljax.train.run_sections import TrainerConfig
+
+Mode = Literal["sync", "one_step_off"]
+
+
+@dataclass(frozen=True)
+class RLTrainerConfig(TrainerConfig):
+    """The loop: steps, micro-batches, checkpoints, validation, logging (verl: `trainer`),
+    and how rollouts and updates are scheduled (`mode`)."""
+
+    # sync: each step samples with its own weights, then trains (on-policy); one_step_off: step k+1's
+    # prompts are sampled by the weights of step k on the rollout devices while step k trains, so a
+    # batch is at most one version old (docs/async.md)
+    mode: Mode = "sync"
+
+
+@dataclass(frozen=True)
+class AsyncConfig:
+    """What the asynchronous modes (`trainer.mode` other than sync) need."""
+
+    # devices of each process that run the rollout replicas (the rest train); 0: half of each process's
+    rollout_devices: Devices = 0
+    # seconds the trainer waits for a rollout (or for the sampler to go idle before a weight update)
+    # before it stops with an error naming the stalled batch; 0: wait forever
+    timeout_s: NonNegFloat = 1800.0
+
+
+@dataclass(frozen=True)
+class DeviceSplit:
+    """The devices of the trainer's mesh and of the rollout replicas (process-major, then
+    by id; disjoint). `sync`: both are every device."""
+
+    trainer: tuple
+    rollout: tuple
+
+
+def split_devices(devices: Sequence, mode: str, rollout_devices: int) -> DeviceSplit:
+    """Each process's first `rollout_devices` devices (by id; 0: half of them) sample, the
+    others train; `sync`: every device does both. A pure function of the device list, so
+    every process computes the same split, and each process keeps devices of both kinds
+    (a rollout replica stays on its host). Raises ConfigError naming `async.rollout_devices`
+    when a process would be left without devices of either kind."""
+    ordered = tuple(sorted(devices, key=lambda d: (d.process_index, d.id)))
+    if mode == "sync":
+        return DeviceSplit(ordered, ordered)
+    by_process: dict[int, list] = {}
+    for d in ordered:
+        by_process.setdefault(d.process_index, []).append(d)
+    trainer, rollout = [], []
+    for process, local in by_process.items():
+        k = rollout_devices or len(local) // 2
+        if not 0 < k < len(local):
+            raise ConfigError(f"async.rollout_devices={rollout_devices}: process {process} has {len(local)} devices; "
+                              f"trainer.mode={mode} needs at least one for the rollout and one for the trainer")
+        rollout += local[:k]
+        trainer += local[k:]
+    return DeviceSplit(tuple(trainer), tuple(rollout))
+
+
+def check_mode(cfg) -> None:
+    """What an asynchronous `trainer.mode` needs of the rest of an `RLConfig` (run by
+    `RLConfig.check`): rollout replicas (`rollout.tensor_parallel_size >= 1`), and no
+    reward model or verifier (their forwards run on the trainer's mesh)."""
+    mode = cfg.trainer.mode
+    if mode == "sync":
+        return
+    if not cfg.rollout.tensor_parallel_size:
+        raise ConfigError(f"trainer.mode={mode}: the sampler needs devices of its own; set "
+                          "rollout.tensor_parallel_size >= 1 (devices per rollout replica)")
+    if cfg.reward.reward_model.enable or cfg.reward.verifier.enable:
+        raise ConfigError(f"trainer.mode={mode}: reward.reward_model / reward.verifier run on the trainer's devices "
+                          "while it trains; use trainer.mode=sync")
+
+
+def device_counts(cfg, num_devices: int, num_processes: int) -> tuple[int, int]:
+    """(trainer devices, rollout devices) of `split_devices` on `num_devices` devices
+    spread evenly over `num_processes` processes (`sync`: every device for both)."""
+    mode = cfg.trainer.mode
+    if mode == "sync":
+        return num_devices, num_devices
+    local = num_devices // num_processes
+    k = cfg.async_.rollout_devices or local // 2
+    if not 0 < k < local:
+        raise ConfigError(f"async.rollout_devices={cfg.async_.rollout_devices}: each process has {local} devices; "
+                          f"trainer.mode={mode} needs at least one for the rollout and one for the trainer")
+    return (local - k) * num_processes, k * num_processes
+
+
+def run_split(cfg) -> DeviceSplit:
+    """`split_devices` of this run's devices (`jax.devices()`) under `cfg`'s mode."""
+    import jax
+
+    return split_devices(jax.devices(), cfg.trainer.mode, cfg.async_.rollout_devices)
