@@ -264,6 +264,7 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
     from rljax.models.lora import add_adapters, split_trainable
     from rljax.parallel import (abstract_mesh, check_batch, data_parallel_size, mesh_desc, optimizer_shardings,
                                 planned_bytes, state_shardings)
+    from rljax.rl.async_config import device_counts
     from rljax.rl.config import RLConfig
     from rljax.rollout.config import SamplerConfig
     from rljax.train.optim import make_optimizer
@@ -271,7 +272,10 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
     rl = run if isinstance(run, RLConfig) else None  # `run`: a RunConfig or an RLConfig (`load`)
     section, trainer = run.model, run.trainer
     n = devices or jax.device_count()
-    mesh = abstract_mesh(run.mesh, n)
+    # an asynchronous trainer.mode splits the devices: the mesh trains on its share, the replicas sample on theirs
+    n_train, n_rollout = device_counts(rl, n, 1) if rl else (n, n)
+    split = n_train != n
+    mesh = abstract_mesh(run.mesh, n_train)
     cfg = model_config_of(section)
     policy = DTypePolicy(section.param_dtype, section.compute_dtype)
 
@@ -316,8 +320,10 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
     else:
         reference = reference or (trainer.algorithm == "dpo" and not run.dpo.reference_free)
     plan = Plan(title=[
-        f"rljax plan: {cfg.model_type}, {_count(total_params)} params; {mesh_desc(mesh)} on {n} devices"
-        f"{' (abstract)' if devices else ''}",
+        f"rljax plan: {cfg.model_type}, {_count(total_params)} params; {mesh_desc(mesh)} on {n_train} devices"
+        f"{' (abstract)' if devices else ''}"
+        + (f"; trainer.mode={rl.trainer.mode}: {n_train} of the {n} devices train, the other {n_rollout} sample"
+           if split else ""),
         f"param {policy.param_dtype}, compute {policy.compute_dtype}; micro-batch {micro} rows "
         f"({rows} per device) x {seq} tokens, {num_micro} micro-batch(es) per step; remat={section.remat}, "
         f"attention={section.attention}"
@@ -382,7 +388,7 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
     per_token = kv_cache_bytes(cfg, data_parallel_size(mesh), 1, mesh, kv_bytes)
     plan.kv.append(("kv cache per cached token (one sequence)", per_token))
     if rl and rl.rollout.tensor_parallel_size:  # replicas: their pools replace the training-mesh sampler's
-        plan.rollout = rollout_plan(cfg, params, n, rl.rollout, rl.row_length, kv_seqs, kv_len,
+        plan.rollout = rollout_plan(cfg, params, n_rollout, rl.rollout, rl.row_length, kv_seqs, kv_len,
                                     jnp.dtype(kv_dtype or policy.compute))
         plan.kv = []
     if device_memory_gb:
@@ -395,7 +401,14 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
             note += (f"; a sampler beside params + optimizer state gets {fraction:g} x {max(free, 0) / GiB:.2f} GiB "
                      f"free = {int(max(free, 0) * fraction) // max(per_token, 1):,} cached tokens per device")
         plan.notes.append(note)
-        if plan.rollout is not None:  # the replicas share the training devices: what is resident while sampling
+        if plan.rollout is not None and split:  # the replicas have devices of their own
+            r = plan.rollout
+            sampling = r.weights_bytes + r.kv_bytes
+            plan.notes.append(
+                f"a rollout device: rollout weights + KV pool = {sampling / GiB:.2f} GiB, "
+                f"{(sampling + r.handoff_bytes) / GiB:.2f} GiB while new weights arrive -> "
+                + ("fits" if sampling + r.handoff_bytes <= limit else "DOES NOT FIT"))
+        elif plan.rollout is not None:  # the replicas share the training devices: what is resident while sampling
             r = plan.rollout
             sampling = p_bytes + o_bytes + (reference_bytes if reference else 0) + r.weights_bytes + r.kv_bytes
             plan.notes.append(

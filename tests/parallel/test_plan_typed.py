@@ -38,3 +38,25 @@ def test_plan_refuses_a_misspelt_key_in_any_section(bare_rl_config, capsys):
     assert cli_main(["plan", bare_rl_config, "rollout.temprature=0.5", "--devices", "8"]) == 1
     assert re.search(r"^rljax: error: plan: unknown config key 'rollout\.temprature'; did you mean",
                      capsys.readouterr().err, re.M)
+
+
+def test_an_asynchronous_mode_plans_the_trainer_and_the_replicas_on_their_own_devices():
+    """one_step_off on 8 devices (one process; async.rollout_devices 0: half): the mesh
+    has 4 devices and the replicas the other 4, each holding only its weights and pool."""
+    import os
+
+    config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "quickstart.yaml")
+    sync = make_plan(load(config, ["rollout.tensor_parallel_size=1"]), devices=8, device_memory_gb=1)
+    split = make_plan(load(config, ["rollout.tensor_parallel_size=1", "trainer.mode=one_step_off"]), devices=8,
+                      device_memory_gb=1)
+    assert "mesh(data=1, fsdp=8, tensor=1) on 8 devices" in sync.title[0] and "trainer.mode" not in sync.title[0]
+    assert "on 4 devices" in split.title[0] and "4 of the 8 devices train, the other 4 sample" in split.title[0]
+    assert (sync.rollout.dp, split.rollout.dp) == (8, 4)
+    # the trainer's shards are about twice as large on half the devices (fsdp=4 instead of 8; norms stay whole)
+    params = lambda plan: dict(plan.rows)["params (float32)"]  # noqa: E731
+    assert 1.9 * params(sync) < params(split) <= 2 * params(sync)
+    rollout_note = [n for n in split.notes if n.startswith("a rollout device:")]
+    assert len(rollout_note) == 1 and not any(n.startswith("while the replicas sample") for n in split.notes)
+    odd = load(config, ["rollout.tensor_parallel_size=1", "trainer.mode=one_step_off", "async.rollout_devices=8"])
+    with pytest.raises(Exception, match=r"async\.rollout_devices=8: each process has 8 devices"):
+        make_plan(odd, devices=8)
