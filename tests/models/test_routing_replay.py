@@ -37,7 +37,7 @@ def test_replayed_weights_give_the_router_gradients():
 
     p = np.exp(logits) / np.exp(logits).sum()
     chosen = np.asarray([1.0, 0.0, 0.0, 1.0])
-    np.testing.assert_allclose(jax.grad(total)(logits), p * (chosen - (p[0] + p[3])), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(jax.jit(jax.grad(total))(logits), p * (chosen - (p[0] + p[3])), rtol=1e-5, atol=1e-7)
 
 
 MOE = dict(model_type="qwen3_moe", vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
@@ -63,7 +63,12 @@ def test_decoder_replaying_its_own_routing_is_the_plain_forward():
 
 
 def test_expert_ids_refused_for_a_dense_model():
-    dense = init_model(ModelConfig.from_hf_dict({k: v for k, v in MOE.items() if k not in (
-        "moe_intermediate_size", "num_experts", "num_experts_per_tok", "norm_topk_prob")} | {"model_type": "qwen3"}))
+    config = ModelConfig.from_hf_dict({k: v for k, v in MOE.items() if k not in (
+        "moe_intermediate_size", "num_experts", "num_experts_per_tok", "norm_topk_prob")} | {"model_type": "qwen3"})
+
+    def replayed_forward():
+        dense = init_model(config)
+        return dense.hidden_states(jnp.zeros((1, 3), jnp.int32), expert_ids=jnp.zeros((1, 3, 2, 2), jnp.int32))
+
     with pytest.raises(ValueError, match="routing replay needs a mixture-of-experts model"):
-        dense.hidden_states(jnp.zeros((1, 3), jnp.int32), expert_ids=jnp.zeros((1, 3, 2, 2), jnp.int32))
+        jax.eval_shape(replayed_forward)  # traced, not compiled: the refusal comes before any computation

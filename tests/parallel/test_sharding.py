@@ -21,6 +21,7 @@ def mesh_of(**layout):
     return make_mesh(MeshConfig(**{"data": 1, "fsdp": 1, "tensor": 1, **layout}))
 
 
+@pytest.mark.slow  # compiles the sharded init of configs/sft_tiny.yaml (~8 s of CPU)
 def test_sharded_init_params_and_optimizer_bytes_per_device_are_an_eighth_under_fsdp8(tiny_fsdp8):
     _, mesh, state = tiny_fsdp8
     # born in the layout of the rules table

@@ -9,12 +9,12 @@ import pytest
 from flax import nnx
 
 from rljax.data.tokenizer import build_char_tokenizer
-from rljax.models import ModelConfig, init_model
+from rljax.models import init_model
 from rljax.models.heads import ScalarHeadModel
 from rljax.rewards import RewardModelScorer, ScalarHeadScorer
+from tests.tiny_models import char_qwen2
 
-CONFIG = ModelConfig(model_type="llama", vocab_size=128, hidden_size=32, intermediate_size=32,
-                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=8)
+CONFIG = char_qwen2()  # the RL reward-model tests' shapes: their random-init programs are shared
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def direct(model, seq):
 @pytest.mark.slow
 def test_scores_match_direct_call(rm):
     rng = np.random.RandomState(0)
-    seqs = [rng.randint(1, 128, size=n).tolist() for n in (5, 12, 8, 12, 5)]
+    seqs = [rng.randint(1, CONFIG.vocab_size, size=n).tolist() for n in (5, 12, 8, 12, 5)]
     scorer = ScalarHeadScorer(rm, pad_id=0, batch_size=2, buckets=(8, 16))
     assert isinstance(scorer, RewardModelScorer)
     scores = scorer.score(seqs)

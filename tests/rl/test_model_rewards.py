@@ -44,25 +44,22 @@ from rljax.rl.scoring import generate_and_score
 from rljax.rl.trainer import RLTrainer
 from rljax.rollout.params import Completion, SamplingParams
 from tests.rl.test_rl_train import capture_batches, make_config
+from tests.tiny_models import CHAR_VOCAB, char_qwen2
 
-VOCAB = 102  # = len(build_char_tokenizer()): the RM shares the policy's vocabulary in the RL test
+VOCAB = CHAR_VOCAB  # the RM shares the policy's vocabulary in the RL test
 
 
 def rm_config(tied: bool) -> ModelConfig:
-    return ModelConfig(model_type="qwen2", vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                       qkv_bias=True, tie_word_embeddings=tied, max_position_embeddings=64,
-                       eos_token_id=3, pad_token_id=0)
+    return char_qwen2(tied)
 
 
 def random_rm(tied: bool, seed: int = 0) -> ScalarHeadModel:
-    """A random RM whose norms and biases are perturbed too, so every tensor matters."""
+    """A random RM whose norms and biases are perturbed too, so every tensor matters (numpy
+    noise: no program to compile per parameter shape)."""
     model = ScalarHeadModel(init_model(rm_config(tied), seed=seed), rngs=nnx.Rngs(seed))
-    state = nnx.state(model)
-    leaves, tree = jax.tree.flatten(state)
-    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-    nnx.update(model, jax.tree.unflatten(tree, [x + 0.05 * jax.random.normal(k, x.shape, x.dtype)
-                                                for x, k in zip(leaves, keys)]))
+    rng = np.random.default_rng(seed + 1)
+    noisy = lambda x: jnp.asarray(np.asarray(x) + 0.05 * rng.normal(size=x.shape).astype(x.dtype))  # noqa: E731
+    nnx.update(model, jax.tree.map(noisy, nnx.state(model)))
     return model
 
 

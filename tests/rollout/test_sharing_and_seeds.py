@@ -66,6 +66,7 @@ def test_copies_of_one_prompt_draw_independent_samples(roomy_sampler):
     assert {tuple(c.token_ids) for c in again}.isdisjoint({tuple(c.token_ids) for c in out})
 
 
+@pytest.mark.slow  # a second sampler with fewer pages: its own prefill and decode compiles
 def test_preempted_sampled_sequences_continue_identically(llama, roomy_sampler):
     prompts = random_prompts([3, 21, 8, 13, 5, 17], seed=8)
     params = SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=5)

@@ -54,6 +54,7 @@ def test_update_params_swaps_weights_without_recompiling(llama, roomy_sampler):
         roomy_sampler.update_params({"embed": jnp.zeros(3)})
 
 
+@pytest.mark.slow  # a second sampler, over a mesh: its own prefill and decode compiles
 def test_sampler_over_a_mesh_matches_single_device(llama, roomy_sampler):
     """Parameters sharded over a mesh (tensor = 2): the pools follow the mesh (kv heads
     over "tensor") and the tokens are the single-device ones."""
