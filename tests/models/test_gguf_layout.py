@@ -135,3 +135,20 @@ def test_errors_name_the_file_and_the_problem(tmp_path):
     _write_tiny(extra, model, extra_tensor=True)
     with pytest.raises(CheckpointMismatchError, match=r"extra.gguf: .*unexpected tensors \['rope_freqs.weight'\]"):
         load_hf(str(extra))
+
+
+@pytest.mark.slow
+def test_bench_sampler_runs_a_gguf_model_in_both_systems(tiny, tmp_path):
+    import json
+
+    from rljax.cli import main
+
+    out = tmp_path / "sampler.json"
+    assert main(["bench", "sampler", "--model", str(tiny), "--batch-sizes", "1,2", "--prompt-len", "8",
+                 "--new-tokens", "4", "--share-n", "2", "--share-prompts", "1", "--share-prompt-len", "8",
+                 "--repeats", "1", "--torch-threads", "1", "--rl-prompts", "0", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["model"] == str(tiny) and result["preset"] is None
+    assert [r["batch"] for r in result["rows"]] == [1, 2]
+    for row in result["rows"]:
+        assert row["rljax_tok_s"] > 0 and row["hf_tok_s"] > 0 and row["ratio"] > 0
