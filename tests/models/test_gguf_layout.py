@@ -112,6 +112,7 @@ def test_tiny_file_logits_equal_transformers_reading_it(tiny):
 
 
 def test_errors_name_the_file_and_the_problem(tmp_path):
+    pytest.importorskip("gguf", reason="RLJAX_TEST_GGUF: the gguf package is absent")
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
