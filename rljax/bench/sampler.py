@@ -1,5 +1,7 @@
 """`rljax bench sampler`: generation throughput of the rljax sampler next to
-`transformers` `generate` on the same random-weight model, same prompts and lengths.
+`transformers` `generate` on the same model, same prompts and lengths: a random-weight
+preset (`--preset`), or a real model (`--model`: an HF folder or a `.gguf` file, which
+both load from the same file, transformers with its own GGUF dequantization).
 
 For each batch size: tokens/s of both (prefill + decode, greedy, every sequence
 generating exactly `--new-tokens`), their ratio, the decode step time next to the
@@ -18,6 +20,11 @@ uniform, so lengths are roughly geometric with that mean, capped). Both systems 
 row stops), rljax as one `generate` with `max_num_seqs = concurrency` (a finished
 sequence's slot goes to the next waiting one at once). Throughput counts generated tokens
 up to and including the stop token, for each system its own.
+
+With `--model` the prompts are still random token ids (throughput does not depend on
+them: every sequence generates exactly `--new-tokens`), and the RL workload's stop set
+is no longer drawn to a mean length (a trained model's next token is far from uniform);
+`--rl-prompts 0` leaves it out.
 
 Last, the KV pages a group of n=8 samples holds with and without prefix sharing.
 Timings exclude compilation (a warm-up run comes first) and block on results.
@@ -48,6 +55,7 @@ PRESETS: dict[str, tuple[str, dict]] = {
 
 def add_arguments(p) -> None:
     p.add_argument("--preset", default="small", choices=sorted(PRESETS), help="model shape (random weights)")
+    p.add_argument("--model", default="", help="a real model instead of --preset: an HF folder or a .gguf file")
     p.add_argument("--batch-sizes", default="1,32", help="comma-separated batch sizes")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=64)
@@ -83,6 +91,19 @@ def _hf_model(preset: str, dtype: str, path: str, max_len: int):
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(path)
     return model
+
+
+def _hf_pretrained(path: str, dtype: str):
+    """transformers' model of an HF folder or a `.gguf` file (dequantized by transformers)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rljax.models.gguf import is_gguf
+
+    if is_gguf(path):
+        folder, name = os.path.split(os.path.abspath(path))
+        return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype)).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
 
 
 def _matmul_floor(model, batch: int) -> float:
@@ -213,7 +234,12 @@ def main(args) -> int:
 
     model_len = max(max_len, p_len + args.rl_max_tokens)
     hf, torch_device = None, None
-    if torch is None:
+    if args.model:
+        model = load_hf(args.model, dtype=args.dtype)
+        hf = None if torch is None else _hf_pretrained(args.model, args.dtype)
+        torch_device = None if torch is None else "cuda" if torch.cuda.is_available() else "cpu"
+        hf = hf if hf is None else hf.to(torch_device)
+    elif torch is None:
         model = _rljax_model(args.preset, args.dtype, model_len)
     else:
         with tempfile.TemporaryDirectory() as tmp:
@@ -311,7 +337,8 @@ def main(args) -> int:
     sampler.close()
 
     load = (load_before, os.getloadavg()[0])
-    print(f"preset={args.preset} backend={backend} dtype={args.dtype} params={cfg.num_params() / 1e6:.1f}M "
+    what = f"model={args.model}" if args.model else f"preset={args.preset}"
+    print(f"{what} backend={backend} dtype={args.dtype} params={cfg.num_params() / 1e6:.1f}M "
           f"page_size={args.page_size} attention={args.attention} torch_threads={torch.get_num_threads() if torch else '-'} "
           f"cpus={os.cpu_count()} load_avg(start, end)=({load[0]:.1f}, {load[1]:.1f})")
     cols = ["batch", "prompt_len", "new_tokens", "rljax_tok_s", "hf_tok_s", "ratio", "decode_step_ms",
@@ -326,7 +353,8 @@ def main(args) -> int:
     print_table(memory, ["prefix_sharing", "n", "prompts", "prompt_len", "new_tokens", "peak_pages", "peak_kv_MiB"])
     print(f"compiled programs: {stats['num_compiled_programs']} {stats['compiled_shapes']}")
     extra = {"rl_workload": rl_rows, "memory": memory, "compiled_programs": stats["num_compiled_programs"],
-             "compiled_shapes": stats["compiled_shapes"], "preset": args.preset, "dtype": args.dtype,
+             "compiled_shapes": stats["compiled_shapes"], "preset": None if args.model else args.preset,
+             "model": args.model or None, "dtype": args.dtype,
              "torch_threads": torch.get_num_threads() if torch else None, "torch_device": torch_device, "cpus": os.cpu_count(),
              "load_avg": load}
     write_json(args.out, "sampler", rows, extra)

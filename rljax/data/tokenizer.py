@@ -149,6 +149,10 @@ def load_hf_tokenizer(path: str):
     """
     from transformers import AutoTokenizer
 
+    from rljax.models.gguf import is_gguf, load_gguf_tokenizer
+
+    if is_gguf(path):
+        return load_gguf_tokenizer(path)
     if not os.path.isdir(path):
         if os.path.exists(path) or not _HUB_ID.fullmatch(path):
             raise FileNotFoundError(f"{path}: no such tokenizer folder")

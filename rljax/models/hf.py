@@ -1,7 +1,8 @@
 """Hugging Face checkpoints in and out.
 
 `load_hf(path)` reads a local folder (`config.json` plus `model.safetensors` or a sharded
-set with `model.safetensors.index.json`; fp32, bf16 or fp16 weights) into a `Decoder`.
+set with `model.safetensors.index.json`; fp32, bf16 or fp16 weights), or a `.gguf` file
+(`rljax.models.gguf`: dequantized, Llama), into a `Decoder`.
 `save_hf(model, path)` writes a folder that `transformers.AutoModelForCausalLM.
 from_pretrained(path)` loads offline with no missing or unexpected keys.
 `load_hf_reward_model(path)` reads a reward model `save_hf` exported (HF
@@ -32,6 +33,7 @@ from flax import nnx
 from rljax.distributed import is_coordinator, sync
 from rljax.hostsync import fetch
 from rljax.models.config import DTypePolicy, ModelConfig, UnsupportedModelError
+from rljax.models.gguf import GGUFTensors, is_gguf, read_gguf_config
 from rljax.models.heads import ScalarHeadModel
 from rljax.models.transformer import LAYER_PARAMS, Decoder, abstract_model
 
@@ -305,8 +307,17 @@ def _read_hf_config(path: str) -> tuple[str, dict]:
 
 
 def read_config(path: str) -> ModelConfig:
+    """The `ModelConfig` of a folder's config.json, or of a `.gguf` file's metadata."""
+    if is_gguf(path):
+        return read_gguf_config(path)
     cfg_path, raw = _read_hf_config(path)
     return ModelConfig.from_hf_dict(raw, f"{cfg_path}: ")
+
+
+def open_checkpoint(path: str) -> SafetensorsReader | GGUFTensors:
+    """The tensors of a checkpoint by HF name: a folder's safetensors, or a `.gguf` file's
+    tensors dequantized into HF layout (`rljax.models.gguf`)."""
+    return GGUFTensors(path) if is_gguf(path) else SafetensorsReader(path)
 
 
 def _expected_hf_shapes(config: ModelConfig, model: Decoder,
@@ -355,7 +366,8 @@ def load_hf(
     remat: str = "none",
     attention: str = "xla",
 ) -> Decoder:
-    """Load a local HF checkpoint folder into a `Decoder` with parameters in `dtype`.
+    """Load a local HF checkpoint folder (or a `.gguf` file) into a `Decoder` with
+    parameters in `dtype`.
 
     Every tensor is checked against the config before anything is loaded: a missing,
     unexpected or misshapen tensor raises `CheckpointMismatchError` naming it.
@@ -363,7 +375,7 @@ def load_hf(
     config = read_config(path)
     policy = DTypePolicy(param_dtype=dtype, compute_dtype=compute_dtype or dtype)
     model = abstract_model(config, policy=policy, remat=remat, attention=attention)
-    reader = SafetensorsReader(path)
+    reader = open_checkpoint(path)
     _check_checkpoint(path, config, model, reader)
     _fill(model, config, reader, dtype)
     return model
@@ -464,7 +476,7 @@ def load_hf_sharded(
     config = read_config(path)
     policy = DTypePolicy(param_dtype=dtype, compute_dtype=compute_dtype or dtype)
     model = abstract_model(config, policy=policy, remat=remat, attention=attention)
-    reader = reader if reader is not None else SafetensorsReader(path)
+    reader = reader if reader is not None else open_checkpoint(path)
     _check_checkpoint(path, config, model, reader)
     _fill(model, config, reader, dtype, mesh)
     return model

@@ -49,7 +49,7 @@ def float_dtype_problem(name: str) -> str | None:
 class ModelRunConfig:
     """The model to train (verl: `actor_rollout_ref.model`)."""
 
-    path: str = ""  # HF folder (config.json + safetensors); empty: random init from hf_config
+    path: str = ""  # HF folder (config.json + safetensors) or a .gguf file; empty: random init from hf_config
     hf_config: dict[str, Any] = field(default_factory=dict)  # HF config.json keys for a random model
     tokenizer: str = ""  # tokenizer folder; empty: `path`; "char": rljax's own character tokenizer
     param_dtype: str = "float32"  # dtype the parameters are stored and updated in (float32, bfloat16, ...)
