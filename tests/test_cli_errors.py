@@ -205,3 +205,12 @@ def test_generate_names_the_model_folder(capsys, tmp_path, monkeypatch, model, m
     code, err = run_cli(capsys, "generate", "--model", model.format(tmp=tmp_path), "--prompt", "hi")
     assert code != 0
     assert re.match(message.format(tmp=re.escape(str(tmp_path))), err.splitlines()[0]), err
+
+
+def test_generate_takes_a_gguf_file_as_the_model(tmp_path):
+    from rljax.commands.generate import check_model_folder
+
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    check_model_folder(str(tmp_path / "model.gguf"))  # weights, config and tokenizer in one file: no folder needed
+    with pytest.raises(FileNotFoundError, match="no such model folder"):
+        check_model_folder(str(tmp_path / "other.gguf"))

@@ -69,9 +69,13 @@ def _check_length(path: str, prompts: list[list[int]], max_tokens: int) -> None:
 
 
 def check_model_folder(path: str) -> None:
-    """One line naming `--model` when it is not a Hugging Face model folder."""
+    """One line naming `--model` when it is neither a Hugging Face model folder nor a GGUF file."""
+    from rljax.models.gguf import is_gguf
+
     if not os.path.exists(path):
         raise FileNotFoundError(f"--model {path}: no such model folder")
+    if is_gguf(path) and os.path.isfile(path):  # weights, config and tokenizer in one file
+        return
     if not os.path.isdir(path):
         raise ValueError(f"--model {path}: not a folder (a Hugging Face model folder holds config.json, "
                          "safetensors and the tokenizer)")

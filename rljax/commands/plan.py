@@ -70,18 +70,20 @@ load_raw = load  # the name tests/parallel/test_plan.py imports
 
 
 def model_config_of(section):
-    """The ModelConfig of the `model:` section: `model.path`'s config.json when that
-    folder exists here, else `model.hf_config` (vocab size from the tokenizer only when
-    not given)."""
+    """The ModelConfig of the `model:` section: `model.path`'s config.json (or its GGUF
+    file's metadata) when it exists here, else `model.hf_config` (vocab size from the
+    tokenizer only when not given)."""
     import os
 
     from rljax.models import read_config
+    from rljax.models.gguf import is_gguf
     from rljax.train.setup import load_tokenizer, model_config_from_section
 
-    if section.path and os.path.exists(os.path.join(section.path, "config.json")):
+    if section.path and (os.path.exists(os.path.join(section.path, "config.json"))
+                         or (is_gguf(section.path) and os.path.isfile(section.path))):
         return read_config(section.path)
     if not section.hf_config:
-        raise SystemExit(f"model.path={section.path!r} has no config.json here and model.hf_config is empty: "
+        raise SystemExit(f"model.path={section.path!r} has no config.json (nor is a GGUF file) here and model.hf_config is empty: "
                          "nothing to plan from")
     tokenizer = None if "vocab_size" in section.hf_config else load_tokenizer(section)
     return model_config_from_section(section, tokenizer)
