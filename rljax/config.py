@@ -12,8 +12,9 @@ Values are checked at load time too (`check_config`, run by `load_config`):
 - a numeric field annotated with `Bounds` (`lr: NonNegFloat`, `rollout.n: PositiveInt`, ...)
   must lie in its range (every count and size has an upper limit too: `Rows`, `Tokens`,
   `Threads`, ...), every float field must be finite, no string may hold a NUL
-  character, and a `Literal` field must hold one of its words (checked again here for a
-  config built in code);
+  character, a field naming a file or folder (`PATH_FIELD`) fits Linux's path limits, and
+  a `Literal` field must hold one of its words (checked again here for a config built in
+  code);
 - a section may define `check(self)`, raising `FieldError(field, message)` (the walker adds
   the section's dotted path) or a `ConfigError` whose message already names the full key,
   for what one field's type cannot say: registry names, sizes that must divide, fields
@@ -56,6 +57,7 @@ import difflib
 import inspect
 import io
 import math
+import re
 import textwrap
 import tokenize
 import types
@@ -351,6 +353,21 @@ def load_section(cls, data: dict | None, key: str):
     return cfg
 
 
+# fields that name a file or folder (by their name's ending), held to the OS's limits
+PATH_FIELD = re.compile(r"(path|dir|_file|_files|tokenizer|experiment_name)$")
+PATH_MAX, NAME_MAX = 4096, 255  # Linux: bytes in a path, in one of its components
+
+
+def path_problem(path: str) -> str | None:
+    """Why `path` cannot name a file on Linux (too long, or a component too long), or None."""
+    if len(path.encode()) > PATH_MAX:
+        return f"is {len(path.encode())} bytes long, over the {PATH_MAX} a path may have"
+    longest = max(path.split("/"), key=lambda part: len(part.encode()))
+    if len(longest.encode()) > NAME_MAX:
+        return f"has a name of {len(longest.encode())} bytes ({longest[:20]}...), over the {NAME_MAX} a file name may have"
+    return None
+
+
 def _check_value(value: Any, tp: Any, key: str) -> None:
     """Bounds (from `Annotated`), Literal membership and finiteness of one field's value."""
     bounds = None
@@ -368,6 +385,10 @@ def _check_value(value: Any, tp: Any, key: str) -> None:
     for text in (value if isinstance(value, (list, tuple)) else [value]):
         if isinstance(text, str) and "\x00" in text:  # no file name or word holds one
             raise FieldError(key, f"contains a NUL character: {text!r}")
+        if isinstance(text, str) and PATH_FIELD.search(key.rpartition(".")[2]):
+            problem = path_problem(text)
+            if problem:
+                raise FieldError(key, problem)
     if get_origin(tp) is Literal:
         if value not in get_args(tp):
             raise FieldError(key, f"expected one of {list(get_args(tp))}, got {value!r}")

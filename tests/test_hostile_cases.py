@@ -55,6 +55,13 @@ CASES = [
     ("async_save_text", SFT, ["trainer.async_save=maybe"], r"^trainer\.async_save: expected true/false, got 'maybe'$"),
     ("logger_not_list", SFT, ["trainer.logger=jsonl"], r"^trainer\.logger: expected a list"),
     ("experiment_empty", SFT, ["trainer.experiment_name="], r"^trainer\.experiment_name: must not be empty$"),
+    ("path_too_long", SFT, ["model.path=/" + "a/" * 2100], r"^model\.path: is 4201 bytes long, over the 4096"),
+    ("path_name_too_long", SFT, ["data.train_files=[/data/" + "x" * 300 + ".parquet]"],
+     r"^data\.train_files: has a name of 308 bytes \(x+\.\.\.\), over the 255 a file name may have$"),
+    ("experiment_name_too_long", SFT, ["trainer.experiment_name=" + "r" * 256],
+     r"^trainer\.experiment_name: has a name of 256 bytes"),
+    ("run_dir_too_long", RL, ["trainer.default_local_dir=/" + "d" * 4100],
+     r"^trainer\.default_local_dir: is 4101 bytes long"),
     ("unknown_section", SFT, ["trainr.total_steps=5"], r"^unknown config key 'trainr\.total_steps'; did you mean"),
     ("unknown_leaf", SFT, ["trainer.total_step=5"], r"^unknown config key 'trainer\.total_step'; did you mean "
                                                      r"'total_steps'\?$"),
