@@ -198,10 +198,10 @@ def test_model_path_loads_sharded_for_training(path, model, tokenizer):
     from flax import nnx
 
     from rljax.parallel import MeshConfig, make_mesh
-    from rljax.train.run_sections import ModelSection
+    from rljax.train.run_sections import ModelRunConfig
     from rljax.train.setup import build_decoder
 
-    section = ModelSection(path=path)
+    section = ModelRunConfig(path=path)
     mesh = make_mesh(MeshConfig())
     sharded = build_decoder(section, tokenizer, mesh=mesh)
     abstract = build_decoder(section, tokenizer, weights=False)
