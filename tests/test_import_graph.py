@@ -41,6 +41,7 @@ LAYERS: tuple[str, ...] = (
     # foundations
     "rljax",  # the package root: its version
     "rljax.xla_flags",  # XLA flags set before JAX starts
+    "rljax.lazy",  # a package's names imported on first use
     "rljax.config",  # typed configs, YAML and overrides
     "rljax.parallel",  # the mesh and sharding rules
     "rljax.distributed",  # multi-process start, process 0

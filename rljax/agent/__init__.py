@@ -17,8 +17,7 @@ AgentLoop` works as usual): importing the package, or one light module of it suc
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from rljax.lazy import lazy_exports
 
 # public name -> the module under rljax.agent that defines it
 _EXPORTS: dict[str, str] = {
@@ -37,14 +36,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rljax.agent' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"rljax.agent.{module}"), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
