@@ -6,18 +6,14 @@ layout, land only on the rollout devices, and are then resharded into the rollou
 replicas' layout within those devices; `jax.device_put` of the same move is refused
 (the multi-controller limit the union program avoids)."""
 
-import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from tests.parallel.helpers import run_two_processes
+
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 WORKER = textwrap.dedent("""
     import json, time
@@ -63,31 +59,8 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_weights_cross_to_disjoint_rollout_devices_on_two_processes():
-    port = _free_port()
-    procs = []
-    for i in range(2):
-        env = {**os.environ, "RLJAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "RLJAX_NUM_PROCESSES": "2",
-               "RLJAX_PROCESS_ID": str(i), "JAX_PLATFORMS": "cpu",
-               "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER], cwd=ROOT, env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    outs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=300)
-            assert p.returncode == 0, out[-3000:]
-            outs.append(json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[7:]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    outs = run_two_processes(WORKER, timeout=300)
     print("union transfer of 16 MiB, 2 processes, best of 3 (s):", [o["seconds"] for o in outs])
     for i, result in enumerate(outs):
         assert result["pid"] == i
