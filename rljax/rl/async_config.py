@@ -6,6 +6,10 @@ split between the trainer and the rollout replicas in the asynchronous modes
     sync          generate, then train, on the same devices (the trainer's mesh covers them all)
     one_step_off  the rollout replicas sample step k+1's prompts on their own devices while the
                   trainer trains on step k's batch (`rljax.rl.async_producer.OneStepOffProducer`)
+    async         the rollout replicas sample a stream of prompt groups on their own devices, taking
+                  new weights between segments of engine steps (in-flight groups continue under them:
+                  partial rollouts); a group is trained at most `async.max_staleness` versions after
+                  the oldest version that sampled any of its tokens (`rljax.rl.async_stream`)
 
 `async` is a Python keyword, so the section's field is `async_`; YAML files and overrides
 write `async:` (an alias, `rljax.config.alias`).
@@ -16,10 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-from rljax.config import ConfigError, Devices, NonNegFloat
+from rljax.config import ConfigError, Devices, NonNegFloat, NonNegSteps, Steps
 from rljax.train.run_sections import TrainerConfig
 
-Mode = Literal["sync", "one_step_off"]
+Mode = Literal["sync", "one_step_off", "async"]
+OnStale = Literal["wait", "drop"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +34,8 @@ class RLTrainerConfig(TrainerConfig):
 
     # sync: each step samples with its own weights, then trains (on-policy); one_step_off: step k+1's
     # prompts are sampled by the weights of step k on the rollout devices while step k trains, so a
-    # batch is at most one version old (docs/async.md)
+    # batch is at most one version old; async: the rollout devices sample a stream of groups, taking new
+    # weights between segments, each group trained within async.max_staleness versions (docs/async.md)
     mode: Mode = "sync"
 
 
@@ -42,6 +48,16 @@ class AsyncConfig:
     # seconds the trainer waits for a rollout (or for the sampler to go idle before a weight update)
     # before it stops with an error naming the stalled batch; 0: wait forever
     timeout_s: NonNegFloat = 1800.0
+    # trainer.mode=async: a group is trained at most this many policy versions after the oldest version
+    # that sampled any of its tokens; also bounds admission (at most (version + max_staleness + 1) x
+    # data.batch_size groups ever admitted at a version). 0: every batch on-policy, as trainer.mode=sync
+    max_staleness: NonNegSteps = 1
+    # trainer.mode=async, a group still sampling when the batch it must join is formed: wait (the batch
+    # waits for it) or drop (it is aborted and counted in async/dropped_groups)
+    on_stale: OnStale = "wait"
+    # trainer.mode=async: engine steps the rollout replicas run between two decision points (weight
+    # installs, admissions, finished groups handed over); a smaller segment takes new weights sooner
+    segment_steps: Steps = 16
 
 
 @dataclass(frozen=True)
@@ -86,9 +102,26 @@ def check_mode(cfg) -> None:
     if not cfg.rollout.tensor_parallel_size:
         raise ConfigError(f"trainer.mode={mode}: the sampler needs devices of its own; set "
                           "rollout.tensor_parallel_size >= 1 (devices per rollout replica)")
+    if mode == "async":
+        check_async(cfg)
     if cfg.reward.reward_model.enable or cfg.reward.verifier.enable:
         raise ConfigError(f"trainer.mode={mode}: reward.reward_model / reward.verifier run on the trainer's devices "
                           "while it trains; use trainer.mode=sync")
+
+
+def check_async(cfg) -> None:
+    """What `trainer.mode: async` does not combine with (one line naming the key)."""
+    alg = cfg.algorithm
+    from rljax.algos.registry import get_adv_estimator
+
+    refused = [(cfg.agent is not None, "agent: agent episodes"),
+               (alg.filter_groups.enable, "algorithm.filter_groups.enable: DAPO's dynamic sampling"),
+               (get_adv_estimator(alg.adv_estimator).needs_greedy_baseline,
+                f"algorithm.adv_estimator={alg.adv_estimator}: a greedy rollout per batch")]
+    for bad, what in refused:
+        if bad:
+            raise ConfigError(f"trainer.mode=async: {what} needs whole batches sampled by one version; "
+                              "use trainer.mode=one_step_off or sync")
 
 
 def device_counts(cfg, num_devices: int, num_processes: int) -> tuple[int, int]:

@@ -35,8 +35,9 @@ from rljax.rollout.sampler import Sampler
 RolloutFn = Callable[[dict, SamplingParams, int], ScoredRollout]  # (prompts, params, group offset)
 
 
-def make_sampler(cfg: RLConfig, decoder) -> Sampler:
-    return Sampler(decoder, cfg.sampler_config())
+def make_sampler(cfg: RLConfig, decoder, manual: bool = False) -> Sampler:
+    """The rollout's sampler; `manual`: its engine steps only when told (`Sampler.step`)."""
+    return Sampler(decoder, cfg.sampler_config(), manual=manual) if manual else Sampler(decoder, cfg.sampler_config())
 
 
 def make_reward_manager(cfg: RLConfig) -> RewardManager:
@@ -104,15 +105,25 @@ class Generation:
         self.sampler = self.replicas = None
         if r.tensor_parallel_size:
             layout = rollout_layout(cfg)
-            self.replicas = ReplicatedRollout(decoder, layout, lambda model: make_sampler(cfg, model),
+            manual = cfg.trainer.mode == "async"  # the stream producer steps the replicas' engines itself
+            self.replicas = ReplicatedRollout(decoder, layout, lambda model: make_sampler(cfg, model, manual),
                                               r.response_length)
         else:
             self.sampler = make_sampler(cfg, decoder)
 
     def _rollout_on(self, sampler: Sampler, prompts: dict, params: SamplingParams, offset: int) -> ScoredRollout:
-        rewards = self.rewards if self.replicas is None else self.rewards.with_function_managers(
+        return make_rollout_fn(sampler, self.rewards_on_main_thread(), self.tokenizer, self.cfg, self.agent)(prompts, params, offset)
+
+    def rewards_on_main_thread(self) -> RewardSources:
+        """The reward sources, their function managers' calls run on the thread that owns
+        the replicas' `MainThreadCalls` (inline rewards time out with SIGALRM)."""
+        return self.rewards if self.replicas is None else self.rewards.with_function_managers(
             lambda manager: OnMainThread(manager, self.replicas.main_thread))
-        return make_rollout_fn(sampler, rewards, self.tokenizer, self.cfg, self.agent)(prompts, params, offset)
+
+    def rollout_with(self, sampler: Sampler) -> RolloutFn:
+        """`rollout(prompts, params, offset)` on `sampler` (not the run's replicas), on the calling thread."""
+        return lambda prompts, params, offset=0: make_rollout_fn(sampler, self.rewards, self.tokenizer, self.cfg,
+                                                                 self.agent)(prompts, params, offset)
 
     def rollout(self, prompts: dict, params: SamplingParams, offset: int = 0) -> ScoredRollout:
         """Sample and score `prompts` (groups numbered from `offset`); with replicas, every

@@ -81,6 +81,20 @@ class ReplicatedRollout:
         self.last_hand_off = report
         return report
 
+    def hand_off(self, params: nnx.State) -> tuple[list[nnx.State], HandOffReport]:
+        """The policy's parameters copied onto every local replica's devices (one state per
+        local replica, in `self.local` order), not yet in use: `install` puts them in."""
+        states, report = timed_hand_off(params, self.layout, self.local, self.hand_off_cache)
+        self.last_hand_off = report
+        return states, report
+
+    def install(self, states: list[nnx.State], version: int, recompute: bool = False) -> None:
+        """Make handed-off `states` the replicas' weights from their next engine step on,
+        stamping the tokens they sample with `version`; `recompute`: sequences in flight
+        re-prefill their tokens so far under the new weights (`Sampler.update_params`)."""
+        for r, state in zip(self.local, states):
+            self.samplers[r].update_params(state, version=version, recompute=recompute)
+
     def assign(self, prompts: dict[str, list], n: int) -> Assignment:
         """Prompt groups -> replicas, contiguous runs balanced by expected tokens (prompt +
         n x response budget): a pure function of the prompts, the same on every process."""

@@ -43,6 +43,14 @@ def generate_and_score(
     `group_offset` so several generation batches can share one batch."""
     # prompt i samples stream params.stream + group_offset + i (Sampler.generate numbers from the base)
     completions = generate(prompts["prompt_ids"], dataclasses.replace(params, stream=params.stream + group_offset))
+    return score_completions(completions, rewards, tokenizer, prompts, cfg, group_offset)
+
+
+def score_completions(completions: list, rewards: RewardSources, tokenizer, prompts: dict[str, list], cfg: RLConfig,
+                      group_offset: int = 0) -> ScoredRollout:
+    """Score the sampler's completions of `prompts` (each completion's `request_index` is
+    its prompt's row; group ids are `group_offset` + row) with `rewards`; each sample's
+    `policy_version` is the oldest version among its tokens' (`Completion.policy_versions`)."""
     items, samples, records = [], [], []
     for c in completions:
         i = int(c.request_index)
@@ -58,6 +66,7 @@ def generate_and_score(
             prompt_ids=list(c.prompt_token_ids), response_ids=list(c.token_ids),
             response_mask=[1] * len(c.token_ids), response_log_probs=list(c.log_probs),
             group_id=group_offset + i, truncated=c.finish_reason == "length", expert_ids=c.expert_ids,
+            policy_version=min(c.policy_versions) if getattr(c, "policy_versions", None) else None,
         ))
         records.append({"data_source": prompts["data_source"][i], "prompt_index": group_offset + i,
                         "solution_str": text})

@@ -45,15 +45,16 @@ from rljax.rl.agent_rollout import agent_config
 from rljax.rl.async_config import run_split
 from rljax.rl.async_producer import (OneStepOffProducer, rollout_from_json, rollout_to_json,
                                      staleness_metrics)
+from rljax.rl.async_stream import StreamProducer, off_policy_metrics
 from rljax.rl.batch import BatchFields, StepBatch, build_batch
 from rljax.rl.config import RLConfig
 from rljax.rl.evaluate import validate
 from rljax.rl.forwards import BatchForwards, make_log_prob_fn
-from rljax.rl.generation import Generation
+from rljax.rl.generation import Generation, make_sampler
 from rljax.rl.learner import make_learner
 from rljax.rl.actor_critic import ActorBatch, CriticBatch, actor_objective, critic_objective
 from rljax.rl.producer import SyncProducer
-from rljax.rl.scoring import ScoredRollout
+from rljax.rl.scoring import ScoredRollout, score_completions
 from rljax.rl.step_metrics import Timer, batch_metrics, rollout_mismatch, throughput
 from rljax.rl.warmup import run_warmup_sft
 from rljax.runs import Run
@@ -124,9 +125,30 @@ class RLTrainer:
         self.step_count = self._resume()
         self.skips = SkipGuard(cfg.trainer.max_consecutive_skipped_steps, "actor.optim.lr", a.optim.lr,
                                self.run.checkpointer, int(jax.device_get(self.actor.state.skipped_steps)))
+        self.val_sampler = None  # async: validation samples on the trainer's devices, beside the stream
+        if self.mode == "async":
+            self.producer = self._stream_producer()
+            states, _ = self.generation.replicas.hand_off(self.actor.params)
+            self.generation.replicas.install(states, self.step_count)
+            self.producer.start(self.step_count, self._stream_snapshot)
+            self.run.on_close(self.producer.close)
+            return
         self.generation.update_params(self.actor.params)
         if self.mode != "sync":  # the sampler now holds the restored weights; the checkpoint's batch is pending
             self.producer.restore(self._pending_batch, self.step_count)
+
+    def _stream_producer(self) -> StreamProducer:
+        """`trainer.mode: async`'s producer over the rollout replicas (`rljax.rl.async_stream`)."""
+        cfg, generation = self.cfg, self.generation
+        rewards = generation.rewards_on_main_thread()
+
+        def score(completions, prompts) -> ScoredRollout:
+            return score_completions(completions, rewards, self.tokenizer, prompts, cfg, 0)
+
+        a = cfg.async_
+        return StreamProducer(generation.replicas, lambda: next(self.train_data), self.train_data.get_state, score,
+                              cfg.sampling_params, cfg.data.batch_size, cfg.trainer.total_steps, a.max_staleness,
+                              a.on_stale, a.segment_steps, a.timeout_s, generation.replicas.main_thread)
 
     # ---- one iteration -----------------------------------------------------------------
 
@@ -137,6 +159,9 @@ class RLTrainer:
         is collected, the sampler gets this step's weights, and the next step's prompts
         go to the producer (`rljax.rl.async_producer`)."""
         cfg, k = self.cfg, self.step_count
+        if self.mode == "async":  # formed by the stream producer while the previous step trained
+            with timer("wait_rollout"):
+                return self.producer.collect(k)
         if self.mode == "sync":
             with timer("gen"):
                 self.producer.submit(next(self.train_data), k, cfg.sampling_params(k))
@@ -198,8 +223,11 @@ class RLTrainer:
                                             "the sampler keeps the previous weights", "actor parameters")
                 if self.mode == "sync":  # one_step_off: at the next step's start, once its rollout is done
                     metrics.update(self.generation.update_params(self.actor.params))
+                elif self.mode == "async":  # installed by the producer when due (rljax.rl.async_stream)
+                    metrics.update(self.producer.publish(self.actor.params, self.step_count + 1))
         if self.mode != "sync":
             metrics.update(self.async_metrics(rollout, timer.seconds, start, time.perf_counter()))
+            metrics.update(off_policy_metrics(batch.rollout_log_probs, batch.old_log_probs, batch.response_mask))
         self.step_count += 1
         metrics.update(batch_metrics(batch, rollout.samples))
         metrics.update(rollout_mismatch(batch))
@@ -226,9 +254,16 @@ class RLTrainer:
     def validate(self) -> dict[str, float]:
         """`rljax.rl.evaluate.validate` with the current policy (asynchronous modes: handed
         to the sampler once the rollout in flight is done)."""
-        if self.mode != "sync":
+        run_rollout = self.run_rollout
+        if self.mode == "async":  # the replicas serve the stream: validation samples on the trainer's devices
+            if self.val_sampler is None:
+                self.val_sampler = make_sampler(self.cfg, nnx.merge(self.actor.graphdef, self.actor.params))
+                self.run.on_close(self.val_sampler.close)
+            self.val_sampler.update_params(self.actor.params)
+            run_rollout = self.generation.rollout_with(self.val_sampler)
+        elif self.mode != "sync":
             self.producer.update_weights(self.actor.params, self.step_count)
-        return validate(self.cfg, self.tokenizer, self.run_rollout, self.val_log_probs, self.actor.params,
+        return validate(self.cfg, self.tokenizer, run_rollout, self.val_log_probs, self.actor.params,
                         self.mesh)
 
     def save(self) -> None:
@@ -236,10 +271,14 @@ class RLTrainer:
         if self.critic is not None:
             state["critic"] = self.critic.state
         meta: dict[str, Any] = {"kl_coef": float(self.kl_ctrl.value)}
-        if self.mode != "sync":  # the finished, untrained batch of the next step (the data is past its prompts)
+        data_state = self.train_data.get_state()
+        if self.mode == "async":  # the stream as it was at the install of this version (rljax.rl.async_stream)
+            meta["stream"] = self.producer.snapshot(self.step_count)
+            data_state = meta["stream"]["data_state"]
+        elif self.mode != "sync":  # the finished, untrained batch of the next step (the data is past its prompts)
             pending = self.producer.pending_rollout()
             meta["pending_rollout"] = None if pending is None else rollout_to_json(pending)
-        self.run.save(self.step_count, state, self.train_data.get_state(), **meta)
+        self.run.save(self.step_count, state, data_state, **meta)
 
     def _resume(self) -> int:
         """Restore the actor, the critic, the KL coefficient and the data position
@@ -248,9 +287,10 @@ class RLTrainer:
         if self.critic is not None:
             target["critic"] = abstract_like(self.critic.state)
         found = self.run.resume(target, self.train_data)
-        self._pending_batch = None
+        self._pending_batch = self._stream_snapshot = None
         if found is None:
             return 0
+        self._stream_snapshot = found.meta.get("stream")
         pending = found.meta.get("pending_rollout")
         self._pending_batch = None if pending is None else rollout_from_json(pending)
         self.actor.state = found.state["actor"]
