@@ -311,6 +311,8 @@ class StreamProducer:
             return False
         chosen = sorted(order[: self.B])
         rollout = self._score([self.groups[gid] for gid in chosen])
+        spanning = [len(set(c.policy_versions)) > 1 for gid in chosen for c in self.groups[gid].completions]
+        rollout.metrics["async/partial_rollout_fraction"] = float(np.mean(spanning))
         rollout.metrics["async/dropped_groups"] = float(self._batch_drops)
         rollout.metrics["async/waited_groups"] = float(self._batch_waits)
         self._batch_drops = self._batch_waits = 0
