@@ -1,10 +1,12 @@
-"""What a caller asks the sampler for (`SamplingParams`, `GenerationRequest`) and what it
-gets back (`Completion`). Token ids only: strings never enter the sampler."""
+"""What a caller asks the sampler for (`SamplingParams`, `GenerationRequest`), what it
+gets back (`Completion`), and a request in flight taken out of the sampler and put back
+in (`PartialRequest`, `PartialSample`). Token ids only: strings never enter the sampler."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 
@@ -79,13 +81,91 @@ class SamplingParams:
 
 
 @dataclass
+class PartialSample:
+    """One sample of a request in flight: what it generated so far.
+
+    token_ids / log_probs / policy_versions: one entry per generated token (the log-prob
+    as in `Completion`; the version: the `Engine.version` of the step that sampled it);
+    empty for a sample not started yet. finish_reason: None while the sample runs, else
+    as in `Completion` (the sample is done and is delivered as it is). The experts a
+    mixture-of-experts model routed to are not kept: a resumed unfinished sample records
+    them again on its recompute, a finished one comes back with `expert_ids` None.
+    """
+
+    sample_index: int
+    token_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    policy_versions: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+    def __post_init__(self):
+        if not len(self.token_ids) == len(self.log_probs) == len(self.policy_versions):
+            raise ValueError(f"sample {self.sample_index}: token_ids, log_probs and policy_versions differ in "
+                             f"length ({len(self.token_ids)}, {len(self.log_probs)}, {len(self.policy_versions)})")
+        if self.finish_reason is not None and not self.token_ids:
+            raise ValueError(f"sample {self.sample_index}: finished with no tokens")
+
+
+@dataclass
+class PartialRequest:
+    """A request not yet delivered, as `Engine.unfinished()` reports it and as
+    `Engine.add_request(..., resume=...)` continues it: its prompt, its sampling params
+    (with the seed the engine drew when the caller gave none, so that a resumed sample
+    draws the same noise; None only for a request that never reached an engine) and all
+    n samples in sample-index order. `to_json()` gives plain JSON types (log-probs as
+    Python floats, which hold float32 values exactly); `from_json` inverts it."""
+
+    request_id: int | str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    samples: list[PartialSample]
+
+    def __post_init__(self):
+        if [s.sample_index for s in self.samples] != list(range(self.sampling_params.n)):
+            raise ValueError(f"request {self.request_id!r}: samples must be 0 .. n-1 = "
+                             f"{self.sampling_params.n - 1} in order, got {[s.sample_index for s in self.samples]}")
+
+    def to_json(self) -> dict[str, Any]:
+        params = dataclasses.asdict(self.sampling_params)
+        params["stop_token_ids"] = list(params["stop_token_ids"])
+        return {
+            "request_id": self.request_id,
+            "prompt_token_ids": [int(t) for t in self.prompt_token_ids],
+            "sampling_params": params,
+            "samples": [{"sample_index": s.sample_index, "token_ids": [int(t) for t in s.token_ids],
+                         "log_probs": [float(x) for x in s.log_probs],
+                         "policy_versions": [int(v) for v in s.policy_versions],
+                         "finish_reason": s.finish_reason} for s in self.samples],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PartialRequest:
+        params = dict(d["sampling_params"])
+        params["stop_token_ids"] = tuple(params["stop_token_ids"])
+        return cls(
+            request_id=d["request_id"],
+            prompt_token_ids=list(d["prompt_token_ids"]),
+            sampling_params=SamplingParams(**params),
+            samples=[PartialSample(s["sample_index"], list(s["token_ids"]), list(s["log_probs"]),
+                                   list(s["policy_versions"]), s["finish_reason"]) for s in d["samples"]],
+        )
+
+    @property
+    def num_generated(self) -> int:
+        """Tokens generated so far over all samples."""
+        return sum(len(s.token_ids) for s in self.samples)
+
+
+@dataclass
 class GenerationRequest:
     """One prompt (token ids) and how to sample it; `request_id` comes back on every
-    completion (the sampler numbers requests that have none)."""
+    completion (the sampler numbers requests that have none). `resume`: continue this
+    request from a `PartialRequest` (see `Engine.add_request`)."""
 
     prompt_token_ids: Sequence[int]
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     request_id: int | str | None = None
+    resume: PartialRequest | None = None
 
 
 @dataclass
@@ -103,7 +183,10 @@ class Completion:
         experts every token of prompt + response was routed to in each layer, `[P + R, L,
         k]` int32 (row t: the token at position t, the order the trainer sees them); -1
         for the last token, which the sampler samples but never feeds back (its routing
-        affects no log-prob of the completion). None otherwise.
+        affects no log-prob of the completion). None otherwise (and for a sample that was
+        already finished in the `PartialRequest` it was resumed from).
+    policy_versions: per generated token, the `Engine.version` of the step that sampled
+        it (the engine always fills it; None only for completions built elsewhere).
     """
 
     request_index: int | str
@@ -113,3 +196,4 @@ class Completion:
     log_probs: list[float]
     finish_reason: FinishReason
     expert_ids: np.ndarray | None = None
+    policy_versions: list[int] | None = None
