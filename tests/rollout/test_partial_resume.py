@@ -262,3 +262,96 @@ def test_partial_request_json_round_trip_is_exact():
 def test_step_is_for_manual_samplers(roomy_sampler):
     with pytest.raises(RuntimeError, match="manual"):
         roomy_sampler.step(1)
+
+
+# ---- the host scheduler alone (no model: a fake device answers every row with token 5) ----
+
+def host_scheduler():
+    """Pages of 4 tokens, 4 slots, prefill chunks of 8 within 32 padded tokens, 2 decode
+    steps per call, shared prompt pages, no prefix cache."""
+    from rljax.rollout import KVCacheConfig, SamplerConfig
+    from rljax.rollout.scheduler import Scheduler
+
+    config = SamplerConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=32,
+                           kv_cache=KVCacheConfig(page_size=4), batch_buckets=(4,), prefill_chunk_buckets=(8,),
+                           page_table_buckets=(8,), num_scheduler_steps=2, enable_prefix_caching=False,
+                           share_prefix=True)
+    return Scheduler(config, 32, eos_ids=frozenset({99}), vocab_size=100)
+
+
+def fake_step(s) -> None:
+    plan = s.schedule()
+    shape = (len(plan.rows), max(r.num_steps for r in plan.rows))
+    s.apply(plan, np.full(shape, 5, np.int32), np.full(shape, -0.5, np.float32))
+
+
+def test_recompute_frees_shared_prompt_pages_and_recomputes_from_position_0():
+    from rljax.rollout.scheduler import StepKind
+
+    s = host_scheduler()
+    prompt = list(range(10))  # 2 full pages shared by the 3 samples
+    request = s.add_request("r", prompt, SamplingParams(n=3, max_tokens=6, seed=0))
+    fake_step(s)  # the shared prefix: prompt[:8]
+    fake_step(s)  # each sample: prompt[8:], samples its token 1
+    fake_step(s)  # decode: tokens 2 and 3
+    assert s.allocator.num_used == 2 + 3  # the shared pages once, one page per sample
+    s.recompute_running()
+    s.version = 1
+    assert s.allocator.num_used == 0 and not s.running
+    assert [q.sample_index for q in s.waiting] == [0, 1, 2]
+    plan = s.schedule()
+    assert plan.kind is StepKind.PREFILL
+    assert [(r.tokens, r.start, r.sample_index) for r in plan.rows] == [(tuple(prompt[:8]), 0, i) for i in range(3)]
+    s.apply(plan, np.full((3, 1), 5, np.int32), np.full((3, 1), -0.5, np.float32))
+    while s.has_work():
+        fake_step(s)
+    assert [c.token_ids for c in request.completions] == [[5] * 6] * 3
+    assert [c.policy_versions for c in request.completions] == [[0, 0, 0, 1, 1, 1]] * 3
+    assert s.allocator.num_used == 0 and s.stats.num_recomputed_sequences == 3
+
+
+def test_a_resumed_request_shares_its_prompt_pages_between_its_unfinished_samples():
+    from rljax.rollout.scheduler import StepKind
+
+    s = host_scheduler()
+    prompt = list(range(10))
+    partial = PartialRequest("r", prompt, SamplingParams(n=3, max_tokens=5, seed=4), [
+        PartialSample(0, [7], [-1.0], [0], "stop"),
+        PartialSample(1, [8, 9], [-1.0, -2.0], [0, 1]),
+        PartialSample(2, [6], [-3.0], [1]),
+    ])
+    s.version = 2
+    request = s.add_request("r", prompt, SamplingParams(n=3, max_tokens=5, seed=4), resume=partial)
+    assert s.unfinished() == [partial]  # nothing ran: what came in goes out
+    assert [q.slots for q in s.waiting] == [2]  # one shared prefix for the two unfinished samples
+    prefix = s.schedule()
+    assert [(r.tokens, r.start) for r in prefix.rows] == [(tuple(prompt[:8]), 0)]
+    s.apply(prefix, np.full((1, 1), 5, np.int32), np.full((1, 1), -0.5, np.float32))
+    plan = s.schedule()  # each unfinished sample: the last prompt tokens and its own tokens
+    assert plan.kind is StepKind.PREFILL
+    assert [(r.tokens, r.start, r.sample_index) for r in plan.rows] == [((8, 9, 8, 9), 8, 1), ((8, 9, 6), 8, 2)]
+    assert {r.pages[:2] for r in plan.rows} == {prefix.rows[0].pages}
+    s.apply(plan, np.full((2, 1), 5, np.int32), np.full((2, 1), -0.5, np.float32))
+    assert [q.tokens[10:] for q in s.running] == [[8, 9, 5], [6, 5]]
+    while s.has_work():
+        fake_step(s)
+    done = request.completions
+    assert [c.token_ids for c in done] == [[7], [8, 9, 5, 5, 5], [6, 5, 5, 5, 5]]
+    assert [c.policy_versions for c in done] == [[0], [0, 1, 2, 2, 2], [1, 2, 2, 2, 2]]
+    assert done[1].log_probs == [-1.0, -2.0, -0.5, -0.5, -0.5]
+    assert [c.finish_reason for c in done] == ["stop", "length", "length"]
+    assert s.unfinished() == [] and s.allocator.num_used == 0
+
+
+def test_unfinished_of_a_running_sampler_misses_no_pending_request(roomy_sampler):
+    """Engine thread running: a request still pending after `unfinished()` returned was
+    pending during it, so it must be in the result (queued or in the engine)."""
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=10, seed=9)
+    futures = {}
+    for i, prompt in enumerate(random_prompts([5, 8, 13, 6, 9, 11, 4, 7], seed=55)):
+        futures[f"u{i}"] = roomy_sampler.submit(GenerationRequest(prompt, params, request_id=f"u{i}"))
+        seen = {p.request_id for p in roomy_sampler.unfinished()}
+        assert {rid for rid, f in futures.items() if not f.done()} <= seen
+    for f in futures.values():
+        f.result()
+    assert roomy_sampler.unfinished() == []
