@@ -145,7 +145,10 @@ class Sampler:
         `resume` when they carry one), in submission order. Between two engine steps;
         changes nothing. Cancelled requests are left out."""
         with self._lock:
-            out = self.engine.unfinished()
+            cancelled = {id(self._handles[key]) for key, future in self._pending.items()
+                         if future.cancelled() and key in self._handles}
+            out = [partial for request, partial in self.engine.scheduler.unfinished_requests()
+                   if id(request) not in cancelled]
             with self._queue_lock:
                 queued = list(self._queued.values())
         for request, future in queued:

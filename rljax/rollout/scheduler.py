@@ -361,6 +361,10 @@ class Scheduler:
         """Every request not yet returned, in arrival order, with each sample's tokens,
         log-probs and versions so far; changes nothing. The params carry the seed the
         request runs with."""
+        return [partial for _, partial in self.unfinished_requests()]
+
+    def unfinished_requests(self) -> list[tuple[Request, PartialRequest]]:
+        """`unfinished`, each with its request handle."""
         seqs = {(id(s.request), s.sample_index): s for s in list(self.running) + list(self.waiting)}
         out = []
         for req in self._requests.values():
@@ -378,8 +382,8 @@ class Scheduler:
                 else:
                     sample = PartialSample(i)
                 samples.append(sample)
-            out.append(PartialRequest(req.request_id, list(req.prompt), dataclasses.replace(req.params, seed=req.seed),
-                                      samples))
+            out.append((req, PartialRequest(req.request_id, list(req.prompt),
+                                            dataclasses.replace(req.params, seed=req.seed), samples)))
         return out
 
     # ---- the prefix cache and memory -----------------------------------------------------
