@@ -15,7 +15,7 @@ programs), engine.py (scheduler + device step), sampler.py (public API, engine t
 from rljax.rollout.config import KVCacheConfig, SamplerConfig
 from rljax.rollout.engine import Engine, EngineStats
 from rljax.rollout.pages import OutOfPagesError, PageAllocator, PageTable
-from rljax.rollout.params import Completion, GenerationRequest, SamplingParams
+from rljax.rollout.params import Completion, GenerationRequest, PartialRequest, PartialSample, SamplingParams
 from rljax.rollout.sampler import Sampler
 
 __all__ = [
@@ -27,6 +27,8 @@ __all__ = [
     "OutOfPagesError",
     "PageAllocator",
     "PageTable",
+    "PartialRequest",
+    "PartialSample",
     "Sampler",
     "SamplerConfig",
     "SamplingParams",

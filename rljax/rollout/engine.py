@@ -7,6 +7,14 @@ typed inputs, compiled programs, parameters and KV pools) and hands the results 
 the scheduler; a request's `on_done` callback receives its completions when its last
 sample finishes. `rljax.rollout.sampler.Sampler` wraps it in a thread with a sync and
 an asyncio API.
+
+Partial rollouts: `version` is recorded with every sampled token (`Completion.
+policy_versions`) and set by `update_params(..., version=v)`; `recompute=True` there
+sends every running sequence back to recompute prompt + tokens so far under the new
+parameters (same keys, remaining budget). `unfinished()` reports the requests not yet
+delivered as JSON-able `PartialRequest`s, and `add_request(..., resume=partial)`
+continues one, on this engine or another with the same parameters, drawing the tokens
+an uninterrupted run would have drawn.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from rljax.models.transformer import Decoder
 from rljax.rollout.config import SamplerConfig
 from rljax.rollout.device_step import DeviceStep
 from rljax.rollout.kv_cache import CacheShape
-from rljax.rollout.params import Completion, SamplingParams
+from rljax.rollout.params import Completion, PartialRequest, SamplingParams
 from rljax.rollout.prefix_cache import PrefixCache
 from rljax.rollout.scheduler import Request, Scheduler, SchedulerStats
 
@@ -55,11 +63,19 @@ class Engine:
     # ---- requests ----------------------------------------------------------------------
 
     def add_request(self, request_id: int | str, prompt: list[int], params: SamplingParams,
-                    on_done: DoneCallback) -> Request:
+                    on_done: DoneCallback, resume: PartialRequest | None = None) -> Request:
         """Queue a prompt; `on_done(completions)` is called with its n completions
         (ordered by sample index) once all of them finish. Returns a handle for
-        `abort_request`. Raises ValueError for a prompt the engine cannot hold."""
-        request = self.scheduler.add_request(request_id, prompt, params)
+        `abort_request`. Raises ValueError for a prompt the engine cannot hold.
+
+        `resume`: continue the request from a `PartialRequest` of the same prompt and
+        params (as `unfinished()` reports it; `params.seed` None takes its seed). Its
+        finished samples are delivered unchanged; each unfinished one recomputes prompt +
+        its tokens so far and continues with the same random keys and the budget that
+        remains (`max_tokens` counts the tokens it has). The completions hold the whole
+        token lists, log-probs and versions, old and new. A resume whose samples are all
+        finished is delivered by the next `step`."""
+        request = self.scheduler.add_request(request_id, prompt, params, resume=resume)
         self._on_done[request] = on_done
         return request
 
@@ -81,17 +97,45 @@ class Engine:
         """Run the scheduler's next call, if any, and deliver finished requests."""
         plan = self.scheduler.schedule()
         if plan is None:
-            return
-        result = self.device.run(plan)
-        for request in self.scheduler.apply(plan, result.tokens, result.log_probs, result.experts):
+            finished = self.scheduler.pop_finished()
+        else:
+            result = self.device.run(plan)
+            finished = self.scheduler.apply(plan, result.tokens, result.log_probs, result.experts)
+        for request in finished:
             self._on_done.pop(request)(list(request.completions))  # type: ignore[arg-type]
+
+    def unfinished(self) -> list[PartialRequest]:
+        """Every request not yet delivered (waiting or running), in arrival order, with
+        every sample's tokens, log-probs and versions so far and the seed it runs with;
+        JSON-able (`PartialRequest.to_json`). Changes nothing."""
+        return self.scheduler.unfinished()
+
+    @property
+    def version(self) -> int:
+        """The policy version recorded with every token sampled from now on (0 at first)."""
+        return self.scheduler.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.scheduler.version = int(value)
 
     # ---- parameters, cache, memory -----------------------------------------------------
 
-    def update_params(self, state: nnx.State, copy: bool = False) -> None:
+    def update_params(self, state: nnx.State, copy: bool = False, version: int | None = None,
+                      recompute: bool = False) -> None:
         """Use new parameters from the next step on (`DeviceStep.update_params`); the
-        prefix cache's keys / values came from the old ones and are dropped."""
+        prefix cache's keys / values came from the old ones and are dropped. `version`
+        (when given) becomes `self.version`, recorded with the tokens sampled from the
+        next step on. `recompute`: every running sequence gives up its pages and
+        recomputes prompt + tokens so far under the new parameters at its next step,
+        then continues (same keys, the budget that remains; its earlier tokens keep their
+        log-probs and versions). Without it a running sequence continues over keys /
+        values cached by the old parameters."""
         self.device.update_params(state, copy=copy)
+        if version is not None:
+            self.version = version
+        if recompute:
+            self.scheduler.recompute_running()
         self.scheduler.clear_prefix_cache()
 
     def reset_cache(self) -> None:

@@ -37,6 +37,15 @@ partial page is per-sample and nothing shared is ever written: copy-on-write rea
 by recomputing at most one page of tokens, which also gives each sample the prompt's
 last logits). Memory for a group grows with n responses, not n prompts.
 
+Policy versions and partial requests: every sampled token records `version` (the engine
+sets it with new parameters). `recompute_running` preempts every running sequence, so
+each recomputes prompt + tokens so far (under new parameters) and continues with the same
+keys. `unfinished` reports the requests not yet delivered as `PartialRequest`s (every
+sample's tokens, log-probs and versions so far), and `add_request(..., resume=...)`
+continues one: finished samples are kept as they are, unfinished ones are queued as
+prompt + tokens so far, like a preempted sequence, so they draw the same keys; a
+sample's `max_tokens` counts the tokens it already has.
+
 Routing record (`SamplerConfig.record_routing`, MoE models): each sequence keeps the
 experts of every computed position (`_Routing`), written from each call's `experts` at
 the positions the call computed, so a preempted sequence's recompute overwrites its
@@ -50,6 +59,7 @@ ids), so a data-parallel rollout runs one scheduler per replica.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import itertools
 from dataclasses import asdict, dataclass
@@ -59,7 +69,7 @@ import numpy as np
 from rljax.rollout.buckets import Buckets
 from rljax.rollout.config import SamplerConfig
 from rljax.rollout.pages import OutOfPagesError, PageAllocator, PageTable, pages_for
-from rljax.rollout.params import Completion, SamplingParams
+from rljax.rollout.params import Completion, PartialRequest, PartialSample, SamplingParams
 from rljax.rollout.prefix_cache import PrefixCache
 
 
@@ -100,6 +110,7 @@ class SchedulerStats:
     num_prefill_tokens: int = 0
     num_generated_tokens: int = 0
     num_preemptions: int = 0
+    num_recomputed_sequences: int = 0  # running sequences sent back to recompute (`recompute_running`)
     num_finished_requests: int = 0
     num_cached_prompt_tokens: int = 0  # tokens a new sequence found in the prefix cache
     peak_pages_used: int = 0
@@ -117,6 +128,7 @@ class Request:
     stop_ids: frozenset[int]
     completions: list[Completion | None]
     remaining: int
+    resume: PartialRequest | None = None  # what the request's samples start from
 
 
 class _Routing:
@@ -165,6 +177,7 @@ class _Sequence:
         self.num_computed = 0
         self.table = PageTable(allocator)
         self.log_probs: list[float] = []
+        self.versions: list[int] = []  # the policy version of each generated token
         self.is_prefix = is_prefix
         self.slots = slots
         self.routing = _Routing()  # with record_routing: experts per computed position
@@ -200,15 +213,27 @@ class Scheduler:
         self._seq_ids = itertools.count()
         self._idle_steps = 0
         self._in_flight: tuple[StepPlan, list[tuple[_Sequence, int]]] | None = None
-        self._finished: list[Request] = []
+        self._finished: list[Request] = []  # complete, not yet returned by `apply` / `pop_finished`
+        self._requests: dict[int, Request] = {}  # id -> every request not yet returned, in arrival order
+        self.version = 0  # recorded with every sampled token
 
     # ---- requests ----------------------------------------------------------------------
 
-    def add_request(self, request_id: int | str, prompt: list[int], params: SamplingParams) -> Request:
+    def add_request(self, request_id: int | str, prompt: list[int], params: SamplingParams,
+                    resume: PartialRequest | None = None) -> Request:
         """Queue a prompt's n samples; `apply` returns the request once all of them
         finish (completions ordered by sample index). Raises ValueError for a prompt the
-        scheduler cannot hold."""
+        scheduler cannot hold.
+
+        `resume`: continue the request from a `PartialRequest` of the same prompt and
+        params (`params.seed` None takes the resume's seed). Its finished samples are
+        kept; an unfinished one continues from prompt + its tokens, with the same keys
+        and `max_tokens` minus the tokens it has (one that already ends in a stop token
+        or has its `max_tokens` finishes at once). A request whose samples are all
+        finished is returned by the next `pop_finished`."""
         prompt = [int(t) for t in prompt]
+        if resume is not None:
+            params = self._check_resume(prompt, params, resume)
         if not prompt:
             raise ValueError("empty prompt")
         if len(prompt) >= self.config.max_model_len:
@@ -229,14 +254,55 @@ class Scheduler:
             stop_ids=frozenset(stop),
             completions=[None] * params.n,
             remaining=params.n,
+            resume=resume,
         )
+        self._requests[id(req)] = req
+        if resume is not None:
+            for sample in resume.samples:
+                reason = sample.finish_reason
+                if reason is None and sample.token_ids:
+                    if sample.token_ids[-1] in req.stop_ids:
+                        reason = "stop"
+                    elif len(sample.token_ids) >= req.max_tokens:
+                        reason = "length"
+                if reason is not None:
+                    self._complete(req, sample.sample_index, list(sample.token_ids), list(sample.log_probs),
+                                   list(sample.policy_versions), reason, None)
+        pending = [i for i in range(params.n) if req.completions[i] is None]
         shared_len = (len(prompt) - 1) // self.page_size * self.page_size
-        if params.n > 1 and self.share_prefix and shared_len > 0 and params.n <= self.config.max_num_seqs:
-            self.waiting.append(self._new_seq(req, -1, prompt[:shared_len], is_prefix=True, slots=params.n))
+        if len(pending) > 1 and self.share_prefix and shared_len > 0 and len(pending) <= self.config.max_num_seqs:
+            self.waiting.append(self._new_seq(req, -1, prompt[:shared_len], is_prefix=True, slots=len(pending)))
         else:
-            for i in range(params.n):
-                self.waiting.append(self._new_seq(req, i, list(prompt)))
+            for i in pending:
+                self.waiting.append(self._sample_seq(req, i))
         return req
+
+    def _check_resume(self, prompt: list[int], params: SamplingParams, resume: PartialRequest) -> SamplingParams:
+        """The params a resumed request runs with (the resume's); ValueError when the
+        resume is not this request's."""
+        if [int(t) for t in resume.prompt_token_ids] != prompt:
+            raise ValueError(f"resume of request {resume.request_id!r}: its prompt is not the request's")
+        if params.seed is None and resume.sampling_params.seed is not None:
+            params = dataclasses.replace(params, seed=resume.sampling_params.seed)
+        if params != resume.sampling_params:
+            raise ValueError(f"resume of request {resume.request_id!r}: sampling params {resume.sampling_params} "
+                             f"differ from the request's {params}")
+        for sample in resume.samples:
+            if sample.token_ids and (min(sample.token_ids) < 0 or max(sample.token_ids) >= self.vocab_size):
+                raise ValueError(f"resume of request {resume.request_id!r}: sample {sample.sample_index} has token "
+                                 f"ids outside [0, {self.vocab_size})")
+        return params
+
+    def _sample_seq(self, req: Request, sample_index: int) -> _Sequence:
+        """Sample `sample_index` of `req` from its start: the prompt, plus its tokens so
+        far when the request is resumed."""
+        seq = self._new_seq(req, sample_index, list(req.prompt))
+        if req.resume is not None:
+            sample = req.resume.samples[sample_index]
+            seq.tokens.extend(int(t) for t in sample.token_ids)
+            seq.log_probs = [float(x) for x in sample.log_probs]
+            seq.versions = [int(v) for v in sample.policy_versions]
+        return seq
 
     def abort_request(self, request: Request) -> None:
         """Drop a request's unfinished sequences and free their pages."""
@@ -245,22 +311,80 @@ class Scheduler:
                 if seq.table.pages:
                     seq.table.free()
                 queue.remove(seq)
+        self._requests.pop(id(request), None)
+        if request in self._finished:
+            self._finished.remove(request)
 
     def abort_all(self) -> list[Request]:
         """Drop every sequence (and the plan in flight) and free its pages; returns the
         unfinished requests."""
-        requests: dict[int, Request] = {}
         for seq in list(self.running) + list(self.waiting):
             if seq.table.pages:
                 seq.table.free()
-            requests[id(seq.request)] = seq.request
+        requests = list(self._requests.values())
         self.running.clear()
         self.waiting.clear()
+        self._finished.clear()
+        self._requests.clear()
         self._in_flight = None
-        return list(requests.values())
+        return requests
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        """Sequences to run, or finished requests not yet returned."""
+        return bool(self.waiting or self.running or self._finished)
+
+    def pop_finished(self) -> list[Request]:
+        """The requests that finished outside a call (a resume whose samples were all
+        done), to deliver; `apply` returns the others."""
+        finished, self._finished = self._finished, []
+        for req in finished:
+            self._requests.pop(id(req), None)
+        return finished
+
+    # ---- policy versions and partial requests ----------------------------------------------
+
+    def recompute_running(self) -> None:
+        """Send every running sequence back to the front of the queue (in running order)
+        with its pages freed, so its next step recomputes prompt + tokens so far (new
+        parameters' keys / values) and then continues. Pages are not offered to the
+        prefix cache: their keys / values belong to the parameters being replaced."""
+        if self._in_flight is not None:
+            raise RuntimeError("recompute_running() while a plan is in flight")
+        for seq in reversed(self.running):
+            seq.table.free()
+            seq.num_computed = 0
+            self.waiting.appendleft(seq)
+            self.stats.num_recomputed_sequences += 1
+        self.running.clear()
+
+    def unfinished(self) -> list[PartialRequest]:
+        """Every request not yet returned, in arrival order, with each sample's tokens,
+        log-probs and versions so far; changes nothing. The params carry the seed the
+        request runs with."""
+        return [partial for _, partial in self.unfinished_requests()]
+
+    def unfinished_requests(self) -> list[tuple[Request, PartialRequest]]:
+        """`unfinished`, each with its request handle."""
+        seqs = {(id(s.request), s.sample_index): s for s in list(self.running) + list(self.waiting)}
+        out = []
+        for req in self._requests.values():
+            samples = []
+            for i in range(req.params.n):
+                done, seq = req.completions[i], seqs.get((id(req), i))
+                if done is not None:
+                    sample = PartialSample(i, list(done.token_ids), list(done.log_probs),
+                                           list(done.policy_versions or []), done.finish_reason)
+                elif seq is not None:
+                    sample = PartialSample(i, seq.tokens[seq.prompt_len:], list(seq.log_probs), list(seq.versions))
+                elif req.resume is not None:  # not forked from its shared prefix yet
+                    r = req.resume.samples[i]
+                    sample = PartialSample(i, list(r.token_ids), list(r.log_probs), list(r.policy_versions))
+                else:
+                    sample = PartialSample(i)
+                samples.append(sample)
+            out.append((req, PartialRequest(req.request_id, list(req.prompt),
+                                            dataclasses.replace(req.params, seed=req.seed), samples)))
+        return out
 
     # ---- the prefix cache and memory -----------------------------------------------------
 
@@ -303,7 +427,7 @@ class Scheduler:
         if not rows:
             kind, rows = StepKind.DECODE, self._schedule_decode()
         if not rows:
-            if self.has_work():
+            if self.waiting or self.running:
                 self._idle_steps += 1
                 if self._idle_steps > 3:
                     raise RuntimeError(f"the scheduler made no progress: {asdict(self.stats)}, "
@@ -462,14 +586,15 @@ class Scheduler:
                     seq.num_computed += 1
                     if self._append(seq, int(tokens[i, j]), float(log_probs[i, j])):
                         break
-        finished, self._finished = self._finished, []
-        return finished
+        return self.pop_finished()
 
     def _fork(self, prefix: _Sequence) -> None:
         req = prefix.request
         children = []
         for i in range(req.params.n):
-            child = self._new_seq(req, i, list(req.prompt))
+            if req.completions[i] is not None:  # finished in the request it resumes
+                continue
+            child = self._sample_seq(req, i)
             child.table.share_from(prefix.table, len(prefix.table))
             child.num_computed = prefix.num_computed
             child.routing = prefix.routing.copy()
@@ -484,6 +609,7 @@ class Scheduler:
         """Add a sampled token; True when it finished the sequence."""
         seq.tokens.append(token)
         seq.log_probs.append(log_prob)
+        seq.versions.append(self.version)
         self.stats.num_generated_tokens += 1
         req = seq.request
         if token in req.stop_ids:
@@ -497,15 +623,20 @@ class Scheduler:
     def _finish(self, seq: _Sequence, reason: str) -> None:
         self._release(seq)
         self.running.remove(seq)
-        req = seq.request
-        req.completions[seq.sample_index] = Completion(
+        self._complete(seq.request, seq.sample_index, seq.tokens[seq.prompt_len:], seq.log_probs, seq.versions,
+                       reason, seq.routing.first(len(seq.tokens)))
+
+    def _complete(self, req: Request, sample_index: int, token_ids: list[int], log_probs: list[float],
+                  versions: list[int], reason: str, expert_ids: np.ndarray | None) -> None:
+        req.completions[sample_index] = Completion(
             request_index=req.request_id,
-            sample_index=seq.sample_index,
+            sample_index=sample_index,
             prompt_token_ids=req.prompt,
-            token_ids=seq.tokens[seq.prompt_len:],
-            log_probs=seq.log_probs,
+            token_ids=token_ids,
+            log_probs=log_probs,
             finish_reason=reason,  # type: ignore[arg-type]
-            expert_ids=seq.routing.first(len(seq.tokens)),
+            expert_ids=expert_ids,
+            policy_versions=versions,
         )
         req.remaining -= 1
         if req.remaining == 0:
