@@ -341,8 +341,16 @@ class StreamProducer:
                 self._cv.wait(timeout=1.0)
 
     def _install(self, version: int, states) -> None:
-        self.replicas.install(states, version, recompute=True)
+        """Install `version`: every group in flight is taken out of its engine with its
+        tokens so far and submitted again as a resumed request (its next step re-prefills
+        prompt + tokens under the new weights), exactly what a run resumed from this
+        install's snapshot does."""
+        partials = self._partials() if self.in_flight else {}
+        for gid in self.in_flight:
+            self.groups[gid].future.cancel()
+        self.replicas.install(states, version)
         self.version = version
+        self._resubmit([(self.groups[gid], partials[gid]) for gid in self.in_flight])
         snap = self._take_snapshot()
         with self._cv:
             future = self._snapshots.setdefault(version, concurrent.futures.Future())
@@ -379,12 +387,18 @@ class StreamProducer:
             g = _Group.from_json(d)
             self.groups[g.gid] = g
             self.finished.append(g.gid)
-        by_replica: dict[int, list[tuple[GenerationRequest, _Group]]] = {}
-        for d in snap["in_flight"]:
-            g = _Group.from_json(d)
+        groups = [_Group.from_json(d) for d in snap["in_flight"]]
+        for g in groups:
             self.groups[g.gid] = g
+        self._resubmit([(g, g.resume) for g in groups])
+
+    def _resubmit(self, groups: list[tuple[_Group, PartialRequest]]) -> None:
+        """Submit groups again from their tokens so far, each replica's in group-id order."""
+        self.in_flight = []
+        by_replica: dict[int, list[tuple[GenerationRequest, _Group]]] = {}
+        for g, partial in sorted(groups, key=lambda pair: pair[0].gid):
             by_replica.setdefault(g.replica, []).append(
-                (GenerationRequest(list(g.row["prompt_ids"]), g.params, request_id=g.gid, resume=g.resume), g))
+                (GenerationRequest(list(g.row["prompt_ids"]), g.params, request_id=g.gid, resume=partial), g))
         for r, pairs in sorted(by_replica.items()):
             self._submit(r, pairs)
         self.in_flight.sort()

@@ -88,12 +88,11 @@ class ReplicatedRollout:
         self.last_hand_off = report
         return states, report
 
-    def install(self, states: list[nnx.State], version: int, recompute: bool = False) -> None:
+    def install(self, states: list[nnx.State], version: int) -> None:
         """Make handed-off `states` the replicas' weights from their next engine step on,
-        stamping the tokens they sample with `version`; `recompute`: sequences in flight
-        re-prefill their tokens so far under the new weights (`Sampler.update_params`)."""
+        stamping the tokens they sample with `version` (`Sampler.update_params`)."""
         for r, state in zip(self.local, states):
-            self.samplers[r].update_params(state, version=version, recompute=recompute)
+            self.samplers[r].update_params(state, version=version)
 
     def assign(self, prompts: dict[str, list], n: int) -> Assignment:
         """Prompt groups -> replicas, contiguous runs balanced by expected tokens (prompt +

@@ -114,12 +114,20 @@ KILLED_RUN = textwrap.dedent("""
     from rljax.config import load_config
     from rljax.rl.config import RLConfig
     from rljax.rl.trainer import RLTrainer
+    from rljax.tracking import Tracker
     from tests.rl.test_one_step_off import record_trained
 
-    delay, record = float(sys.argv[1]), sys.argv[2]
+    seed, record = int(sys.argv[1]), sys.argv[2]
     trainer = RLTrainer(load_config(RLConfig, sys.argv[3]))
     record_trained(trainer, record)
-    threading.Timer(delay, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    rng = random.Random(seed)
+    after = trainer.step_count + rng.randint(1, 2)  # a random moment up to 1.5 s after this step's log
+    real_log = Tracker.log
+    def log(self, step, metrics):
+        real_log(self, step, metrics)
+        if step == after:
+            threading.Timer(rng.uniform(0.0, 1.5), lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    Tracker.log = log
     trainer.fit()
 """)
 
@@ -140,10 +148,9 @@ def test_sigkill_at_random_moments_then_resume_trains_every_sample_exactly_once(
     cfg = config("killed")
     save_config(cfg, str(tmp_path / "killed.yaml"))
     record = tmp_path / "killed.jsonl"
-    rng = np.random.default_rng(0)
     kills = 0
     while True:  # kill at a random moment, resume, until a run gets to the end
-        done = subprocess.run([sys.executable, "-c", KILLED_RUN, str(rng.uniform(3.0, 12.0)), str(record),
+        done = subprocess.run([sys.executable, "-c", KILLED_RUN, str(kills), str(record),
                                str(tmp_path / "killed.yaml")], capture_output=True, text=True, timeout=900,
                               cwd=os.getcwd())
         if done.returncode == 0:
