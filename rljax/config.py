@@ -56,6 +56,7 @@ import dataclasses
 import difflib
 import inspect
 import io
+import keyword
 import math
 import re
 import textwrap
@@ -308,6 +309,12 @@ def _resolve_aliases(cls, data: dict, prefix: str) -> dict:
     return out
 
 
+def written(name: str) -> str:
+    """A field's name as config files write it: a Python keyword's field (`async_`) without
+    its trailing underscore."""
+    return name[:-1] if keyword.iskeyword(name[:-1]) else name
+
+
 def from_dict(cls, data: dict, prefix: str = "", base: Any = None):
     """Build dataclass `cls` from nested dicts, rejecting unknown keys and resolving aliases.
     Keys absent from `data` take their value from `base` (an instance of `cls`) when given;
@@ -325,7 +332,7 @@ def from_dict(cls, data: dict, prefix: str = "", base: Any = None):
     data = _resolve_aliases(cls, data, prefix)
     kwargs = {}
     for key, value in data.items():
-        dotted = f"{prefix}.{key}" if prefix else key
+        dotted = f"{prefix}.{written(key)}" if prefix else written(key)
         if key not in fields:
             raise _unknown_key(cls, prefix, prefix, key, list(fields))
         tp = hints[key]
@@ -409,7 +416,7 @@ def check_config(cfg: Any, prefix: str = "") -> None:
     is one field's)."""
     hints = typing.get_type_hints(type(cfg), include_extras=True)
     for f in dataclasses.fields(cfg):
-        key = f"{prefix}.{f.name}" if prefix else f.name
+        key = f"{prefix}.{written(f.name)}" if prefix else written(f.name)
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             check_config(value, key)

@@ -241,3 +241,20 @@ def test_off_policy_kl_is_k3_of_the_behaviour_to_proximal_ratio():
     m = off_policy_metrics(behaviour, old, mask)
     assert m["async/off_policy_kl"] == pytest.approx(k3)
     assert m["async/off_policy_kl_k1"] == pytest.approx((0.5 - 1.0) / 2)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm.filter_groups.enable=true"], "algorithm.filter_groups.enable: DAPO's dynamic sampling"),
+    (["algorithm.adv_estimator=remax"], "algorithm.adv_estimator=remax: a greedy rollout per batch"),
+    (["async.on_stale=later"], "async.on_stale"),
+    (["async.segment_steps=0"], "async.segment_steps"),
+])
+def test_async_mode_refuses_what_needs_whole_batches_in_one_line(overrides, message):
+    from rljax.config import ConfigError, load_config
+    from rljax.rl.config import RLConfig
+
+    base = ["model.tokenizer=char", "trainer.mode=async", "rollout.tensor_parallel_size=1"]
+    assert load_config(RLConfig, None, base).async_.max_staleness == 1
+    with pytest.raises(ConfigError, match=message) as e:
+        load_config(RLConfig, None, base + overrides)
+    assert "\n" not in str(e.value)
