@@ -16,14 +16,17 @@ metrics split a step:
     adv            the advantage stage: KL in the reward, advantages (`rljax.rl.advantage_stage`)
     update_actor   the actor's optimizer step(s)
     update_weights new weights into the sampler
-    wait_rollout   (one_step_off) the trainer waiting for the rollout sampled in the background
+    wait_rollout   (one_step_off, async) the trainer waiting for the rollout sampled in the background
     step           the whole iteration
 
-`--mode sync one_step_off` runs each scheduling mode (`trainer.mode`; one_step_off puts
-one rollout replica on a device of the first half and trains on the second half,
-`rljax.rl.async_producer`). `--gen-seconds` /
-`--train-seconds` stretch each rollout / each step's update to at least that long (a
-sleep, which takes no core), so the overlap shows on a small CPU machine. Per mode the
+`--mode sync one_step_off async` runs each scheduling mode (`trainer.mode`; one_step_off
+and async put one rollout replica on a device of the first half and train on the second
+half, `rljax.rl.async_producer`, `rljax.rl.async_stream`). `--engine-step-ms` makes every
+sampler engine step last at least that long, in every mode (the same generation work
+costs the same time whatever the mode); `--gen-seconds` (sync, one_step_off) stretches
+each rollout and `--train-seconds` each step's update to at least that long. Each is a
+sleep, which takes no core, so the overlap shows on a small CPU machine. In async mode a
+step's generation is the time the replicas ran segments during it (`async/sampler_idle_fraction`). Per mode the
 summary compares the step time with gen + train (what a sync step costs) and with the
 ideal overlap max(gen, train): `speedup` = (gen + train) / step, `ideal` = (gen + train) /
 max(gen, train), averaged over the steps after the first `--skip` (compilation) but the
@@ -39,7 +42,7 @@ import tempfile
 HELP = "One GRPO step (random model, synthetic arithmetic) with its time split (timing_s/*)."
 
 TIMING_KEYS = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "wait_rollout", "step")
-MODES = ("sync", "one_step_off")
+MODES = ("sync", "one_step_off", "async")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="trainer.mode(s) to run, one after the other")
     p.add_argument("--gen-seconds", type=float, default=0.0,
                    help="each rollout lasts at least this long (a sleep after sampling and scoring)")
+    p.add_argument("--engine-step-ms", type=float, default=0.0,
+                   help="every sampler engine step lasts at least this long (a sleep after it), in every mode")
+    p.add_argument("--max-staleness", type=int, default=1, help="async.max_staleness (--mode async)")
     p.add_argument("--train-seconds", type=float, default=0.0,
                    help="each step's actor update lasts at least this long (a sleep after it)")
     p.add_argument("--skip", type=int, default=1, help="steps left out of the per-mode summary (compilation)")
@@ -95,7 +101,7 @@ def build_config(args, run_dir: str, mode: str = "sync"):
         trainer=RLTrainerConfig(algorithm="grpo", total_steps=args.steps, default_local_dir=run_dir,
                                 experiment_name="bench_step", logger=["jsonl"], async_save=False,
                                 resume_mode="disable", save_freq=0, mode=mode),
-        async_=AsyncConfig(rollout_devices=4),  # one replica of one device; the trainer on the other half
+        async_=AsyncConfig(rollout_devices=4, max_staleness=args.max_staleness),  # one replica of one device
     )
 
 
@@ -115,6 +121,13 @@ def stretch(fn, seconds: float):
     return stretched
 
 
+def sampler_engines(trainer) -> list:
+    """The engines of the trainer's sampler or rollout replicas."""
+    g = trainer.generation
+    samplers = [g.sampler] if g.replicas is None else list(g.replicas.samplers.values())
+    return [s.engine for s in samplers]
+
+
 def summary(mode: str, rows: list[dict], skip: int) -> dict:
     """Mean step, generation and training seconds of `rows` after the first `skip`; the
     training is the step less the rollout (sync: its generation; one_step_off: the wait
@@ -122,6 +135,9 @@ def summary(mode: str, rows: list[dict], skip: int) -> dict:
     import numpy as np
 
     kept = rows[skip:-1] if len(rows) > skip + 1 else rows  # the last step has no next rollout to overlap
+    for r in kept:
+        if mode == "async":  # the replicas' busy share of the step
+            r["gen"] = r["step"] * (1.0 - r["sampler_idle"])
     step = float(np.mean([r["step"] for r in kept]))
     gen = float(np.mean([r["gen"] for r in kept]))
     blocked = [r["gen"] if mode == "sync" else r["wait_rollout"] for r in kept]
@@ -153,7 +169,12 @@ def main(args: argparse.Namespace) -> int:
         mode_rows = []
         with tempfile.TemporaryDirectory() as run_dir:
             trainer = RLTrainer(build_config(args, run_dir, mode))
+            if args.gen_seconds and mode == "async":
+                raise SystemExit("rljax bench step: --gen-seconds stretches whole rollouts, which --mode async has "
+                                 "not; use --engine-step-ms")
             trainer.run_rollout = stretch(trainer.run_rollout, args.gen_seconds)
+            for engine in sampler_engines(trainer):
+                engine.step = stretch(engine.step, args.engine_step_ms / 1000)
             trainer.actor.update = stretch(trainer.actor.update, args.train_seconds)
             try:
                 for i in range(args.steps):

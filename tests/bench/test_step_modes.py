@@ -49,3 +49,15 @@ def test_one_step_off_config_splits_the_devices(tmp_path):
     assert [d.id for d in split.rollout] == [0, 1, 2, 3] and [d.id for d in split.trainer] == [4, 5, 6, 7]
     assert cfg.rollout.tensor_parallel_size == 1 and cfg.rollout.data_parallel_size == 1
     assert step.build_config(args, str(tmp_path)).trainer.mode == "sync"
+
+
+def test_summary_of_an_async_run_takes_generation_from_the_sampler_idle_share():
+    # step 2.0 = wait 0.2 + weights 0.1 + train 1.7; the replicas ran segments 75 % of it: gen 1.5
+    rows_ = rows("async", [(99, None, 9, 0, 0, 0), (2.0, None, 0.2, 0.1, 0.1, 0.25), (5, None, 4, 0, 0.8, 0.8)])
+    s = step.summary("async", rows_, 1)
+    assert s["gen"] == pytest.approx(1.5) and s["train"] == pytest.approx(1.7)
+    assert s["speedup"] == pytest.approx(3.2 / 2.0) and s["ideal"] == pytest.approx(3.2 / 1.7)
+    args = cli.build_parser().parse_args(["bench", "step", "--model", "tiny", "--mode", "async", "--max-staleness",
+                                          "2", "--engine-step-ms", "5"])
+    cfg = step.build_config(args, "/tmp/unused", "async")
+    assert cfg.trainer.mode == "async" and cfg.async_.max_staleness == 2 and args.engine_step_ms == 5
