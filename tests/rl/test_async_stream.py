@@ -258,3 +258,40 @@ def test_async_mode_refuses_what_needs_whole_batches_in_one_line(overrides, mess
     with pytest.raises(ConfigError, match=message) as e:
         load_config(RLConfig, None, base + overrides)
     assert "\n" not in str(e.value)
+
+
+class DeadSampler(FakeSampler):
+    def step(self, k):
+        raise RuntimeError("replica 1 lost its device")
+
+
+class StalledSampler(FakeSampler):
+    def step(self, k):
+        time.sleep(3600)
+
+
+def test_a_dead_replica_fails_the_trainer_with_its_error():
+    replicas = FakeReplicas()
+    replicas.samplers[1] = DeadSampler()
+    producer, _ = make(1, replicas=replicas)
+    producer.start(0)
+    try:
+        with pytest.raises(RuntimeError, match="replica 1 lost its device"):
+            producer.collect(0)
+    finally:
+        producer.close()
+
+
+def test_a_stalled_sampler_times_out_with_one_line_naming_the_batch():
+    from rljax.rl.async_producer import RolloutTimeout
+
+    replicas = FakeReplicas()
+    replicas.samplers[0] = StalledSampler()
+    producer, _ = make(1, replicas=replicas)
+    producer.timeout_s = 0.5
+    producer.start(0)
+    start = time.perf_counter()
+    with pytest.raises(RolloutTimeout, match=r"batch 0 is not ready after async.timeout_s=0.5 s") as e:
+        producer.collect(0)
+    assert time.perf_counter() - start < 5 and "\n" not in str(e.value)
+    producer._stop = True  # the stalled thread is a daemon: nothing waits for it
