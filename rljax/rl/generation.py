@@ -10,6 +10,11 @@ Layouts (`rollout.tensor_parallel_size`):
   copy; one process only: its scheduler feeds programs over the whole mesh);
 - tp >= 1: data-parallel replicas of tp devices each (`rljax.rl.replica_rollout`), the
   weights handed off in device memory every step; the only layout for several processes.
+
+With several processes and rollout devices apart from the training mesh (an asynchronous
+`trainer.mode`), the weights first cross to the rollout devices in one program over both
+sets (`rljax.rollout.cross_transfer.UnionTransfer`; `jax.device_put` cannot move arrays
+between disjoint multi-process device sets), then reshard within them (docs/async.md).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from rljax.rl.main_thread import OnMainThread
 from rljax.rl.model_rewards import build_model_rewards
 from rljax.rl.replica_rollout import ReplicatedRollout
 from rljax.rl.scoring import ScoredRollout, generate_and_score
+from rljax.rollout.cross_transfer import UnionTransfer
 from rljax.rollout.params import SamplingParams
 from rljax.rollout.replicas import ReplicaLayout
 from rljax.rollout.sampler import Sampler
@@ -76,9 +82,9 @@ def make_rollout_fn(sampler: Sampler, rewards: RewardSources, tokenizer, cfg: RL
 def rollout_layout(cfg: RLConfig) -> ReplicaLayout:
     """The replicas of `rollout.tensor_parallel_size` devices: `rollout.data_parallel_size`
     of them (0: all rollout devices / tp) over the first rollout devices in process-major
-    order (every device in `trainer.mode=sync`; `rljax.rl.async_config.split_devices`). Fewer
-    devices than the mesh's is for one process only (with several, the hand-off reshards
-    within the training mesh's device set)."""
+    order (every device in `trainer.mode=sync`; `rljax.rl.async_config.split_devices`). With
+    several processes they must cover the rollout's devices (the hand-off reshards within
+    one device set)."""
     r = cfg.rollout
     tp = r.tensor_parallel_size
     share = run_split(cfg).rollout  # every device; the rollout's own share in an asynchronous trainer.mode
@@ -88,6 +94,16 @@ def rollout_layout(cfg: RLConfig) -> ReplicaLayout:
                          f"{len(share)} rollout devices in a run of {jax.process_count()} processes")
     devices = share[: dp * tp]
     return ReplicaLayout.create(devices, tp, dp, r.allow_cross_host_replicas)
+
+
+def cross_transfer(mesh, layout: ReplicaLayout) -> UnionTransfer | None:
+    """The union transfer from the training `mesh` to the rollout devices when a run of
+    several processes keeps them apart (None: one process, or the same devices; then the
+    hand-off's `jax.device_put` moves the weights)."""
+    rollout = list(layout.mesh.devices.flat)
+    if mesh is None or jax.process_count() == 1 or {d.id for d in rollout} & {d.id for d in mesh.devices.flat}:
+        return None
+    return UnionTransfer(mesh, rollout)
 
 
 class Generation:
@@ -105,7 +121,7 @@ class Generation:
         if r.tensor_parallel_size:
             layout = rollout_layout(cfg)
             self.replicas = ReplicatedRollout(decoder, layout, lambda model: make_sampler(cfg, model),
-                                              r.response_length)
+                                              r.response_length, cross_transfer(mesh, layout))
         else:
             self.sampler = make_sampler(cfg, decoder)
 
