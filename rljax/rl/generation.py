@@ -20,6 +20,7 @@ between disjoint multi-process device sets), then reshard within them (docs/asyn
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any, Callable
 
 import jax
@@ -106,6 +107,21 @@ def cross_transfer(mesh, layout: ReplicaLayout) -> UnionTransfer | None:
     return UnionTransfer(mesh, rollout)
 
 
+class OneAtATime:
+    """`target`, whose `score(...)` calls run one at a time under `lock` (from any
+    thread); every other attribute is `target`'s own."""
+
+    def __init__(self, target: Any, lock: threading.Lock):
+        self._target, self._lock = target, lock
+
+    def score(self, *args, **kwargs):
+        with self._lock:
+            return self._target.score(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
 class Generation:
     """A run's generation side (module docstring): `rollout(prompts, params, offset)`,
     `update_params(policy params)`, `close()`. `rewards` are its reward sources;
@@ -118,6 +134,7 @@ class Generation:
         self.cfg, self.tokenizer, self.agent = cfg, tokenizer, agent
         self.rewards = make_reward_sources(cfg, tokenizer, decoder, policy_params, mesh)
         self.sampler = self.replicas = None
+        self._score_lock = threading.Lock()
         if r.tensor_parallel_size:
             layout = rollout_layout(cfg)
             self.replicas = ReplicatedRollout(decoder, layout, lambda model: make_sampler(cfg, model),
@@ -126,9 +143,17 @@ class Generation:
             self.sampler = make_sampler(cfg, decoder)
 
     def _rollout_on(self, sampler: Sampler, prompts: dict, params: SamplingParams, offset: int) -> ScoredRollout:
-        rewards = self.rewards if self.replicas is None else self.rewards.with_function_managers(
-            lambda manager: OnMainThread(manager, self.replicas.main_thread))
+        rewards = self.rewards if self.replicas is None else self.rewards.with_function_managers(self._replica_manager)
         return make_rollout_fn(sampler, rewards, self.tokenizer, self.cfg, self.agent)(prompts, params, offset)
+
+    def _replica_manager(self, manager):
+        """How the replicas' threads reach a reward manager: through the main thread (an
+        inline manager's SIGALRM timeout; every manager in `trainer.mode: sync`), else, in
+        an asynchronous mode, one call at a time from the calling thread, so that scoring
+        in worker processes overlaps the training on the main thread."""
+        if getattr(manager, "inline", True) or self.cfg.trainer.mode == "sync":
+            return OnMainThread(manager, self.replicas.main_thread)
+        return OneAtATime(manager, self._score_lock)
 
     def rollout(self, prompts: dict, params: SamplingParams, offset: int = 0) -> ScoredRollout:
         """Sample and score `prompts` (groups numbered from `offset`); with replicas, every

@@ -83,13 +83,14 @@ class UnionTransfer:
         """`tree` (leaves: arrays sharded over `trainer_mesh`) with the same values on the
         rollout devices, each leaf laid out on `mirror` as it was on `trainer_mesh`."""
         leaves, treedef = jax.tree.flatten(tree)
-        stacked = [self._stack(x) for x in leaves]
-        shardings = tuple(x.sharding for x in stacked)
-        program = self._programs.get(shardings)
-        if program is None:
-            program = self._programs[shardings] = jax.jit(_copy_row0, out_shardings=list(shardings))
-        copied = program(stacked)
-        return jax.tree.unflatten(treedef, [self._row1(y, x) for y, x in zip(copied, leaves)])
+        with jax.set_mesh(None):  # the caller's mesh (the trainer's) is not the devices these programs run on
+            stacked = [self._stack(x) for x in leaves]
+            shardings = tuple(x.sharding for x in stacked)
+            program = self._programs.get(shardings)
+            if program is None:
+                program = self._programs[shardings] = jax.jit(_copy_row0, out_shardings=list(shardings))
+            copied = program(stacked)
+            return jax.tree.unflatten(treedef, [self._row1(y, x) for y, x in zip(copied, leaves)])
 
     def _stack(self, x: jax.Array) -> jax.Array:
         spec = x.sharding.spec

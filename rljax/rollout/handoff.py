@@ -101,9 +101,10 @@ def hand_off(params: nnx.State, layout: ReplicaLayout, replicas: Sequence[int] |
     reuse = cache.reusable(leaves, replicas) if cache is not None else [False] * len(leaves)
     moving = [i for i, kept in enumerate(reuse) if not kept]
     sources = [leaves[i] for i in moving]
-    if transfer is not None and sources:
-        sources = transfer(sources)
-    placed = dict(zip(moving, _to_rollout_layout(sources, [targets[i] for i in moving])))
+    with jax.set_mesh(None):  # its programs run on the rollout devices, not on the caller's (training) mesh
+        if transfer is not None and sources:
+            sources = transfer(sources)
+        placed = dict(zip(moving, _to_rollout_layout(sources, [targets[i] for i in moving])))
     outputs = {r: [cache.outputs[r][i] if reuse[i] else _replica_view(placed[i], targets[i].spec, layout.replicas[r])
                    for i in range(len(leaves))] for r in replicas}
     if cache is not None:
