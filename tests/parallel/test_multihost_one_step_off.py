@@ -29,8 +29,9 @@ from rljax.parallel import make_mesh
 from rljax.rl.config import RLConfig
 from rljax.rl.trainer import RLTrainer, train_rl, trainer_devices
 from tests.parallel.helpers import run_two_processes
-from tests.parallel.test_multihost_rl import (DIGIT_REWARD, KILL_PROCESS_1_AFTER_SAVE_1, assert_metrics_agree,
-                                              configs, finish, launch, metrics, write_config)
+from tests.parallel.test_multihost_rl import (DIGIT_REWARD, KILL_PROCESS_1_AFTER_SAVE_1, configs, finish, launch,
+                                              metrics, write_config)
+from tests.rl.test_one_step_off import VOLATILE
 from tests.tiny_models import tiny_qwen2_hf
 
 pytestmark = pytest.mark.slow
@@ -109,12 +110,19 @@ def test_two_processes_one_step_off_like_one_killed_and_resumed(tmp_path, monkey
         assert diff < 1e-5
 
     m1, m2 = metrics(run1), metrics(run2)
+    assert [m["step"] for m in m2] == [m["step"] for m in m1] == [1, 2, 3]
+    for a, b in zip(m1, m2):  # a resumed step has no generation time or hand-off of its restored batch
+        assert {k for k in a if not k.startswith(VOLATILE)} == {k for k in b if not k.startswith(VOLATILE)}
     compared = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/entropy", "actor/ppo_kl",
-                "actor/grad_norm", "actor/loss", "async/staleness/max", "async/staleness/mean")
+                "actor/grad_norm", "actor/loss", "actor/pg_clipfrac", "training/rollout_probs_diff_max",
+                "async/staleness/max", "async/staleness/mean")
     for key in compared:
-        rel = max(abs(b[key] - a[key]) / max(abs(a[key]), 1e-12) for a, b in zip(m1, m2))
-        print(f"{key}: 1 x 8 {[a[key] for a in m1]}; max relative difference of 2 x 4: {rel:.3g}")
-    assert_metrics_agree(m1, m2, compared)
+        diff = max(abs(b[key] - a[key]) for a, b in zip(m1, m2))
+        print(f"{key}: 1 x 8 {[a[key] for a in m1]}; 2 x 4 max |diff| {diff:.3g}")
+        for a, b in zip(m1, m2):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=f"step {a['step']} {key}")
+    print("timing_s/update_weights, 2 x 4 (union transfer + reshard):", [m.get("timing_s/update_weights") for m in m2],
+          "1 x 8:", [m.get("timing_s/update_weights") for m in m1])
     assert [m["async/staleness/max"] for m in m2] == [0.0, 1.0, 1.0]
 
     with jax.set_mesh(make_mesh(cfg1.mesh, trainer_devices(cfg1))):
