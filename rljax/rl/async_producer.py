@@ -43,6 +43,9 @@ from rljax.rl.scoring import ScoredRollout
 from rljax.rollout.params import SamplingParams
 
 
+_GRACE_S = 1.0  # after the deadline, how long a rollout may take to report the error it ended with
+
+
 class RolloutTimeout(RuntimeError):
     """The rollout in flight did not finish within `async.timeout_s`."""
 
@@ -166,6 +169,12 @@ class OneStepOffProducer:
                     self.main_thread.serve([pending.future], timeout_s=timeout)
                 pending.done = pending.future.result(timeout=timeout)
             except (TimeoutError, concurrent.futures.TimeoutError):
+                if self.main_thread is not None and self.main_thread.on_owner:
+                    # a call served here may end at the same deadline (the gather's meeting of the processes):
+                    # the error the rollout then ends with says more than the timeout
+                    concurrent.futures.wait([pending.future], timeout=_GRACE_S)
+                if pending.future.done() and pending.future.exception() is not None:
+                    raise pending.future.exception() from None
                 raise RolloutTimeout(f"the rollout of the batch sampled by policy version {pending.version} is not "
                                      f"done after async.timeout_s={self.timeout_s:g} s (a stalled sampler or "
                                      "reward)") from None

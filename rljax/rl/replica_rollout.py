@@ -23,6 +23,7 @@ gather first waits for every process to arrive until that deadline
 (`rljax.hostsync.wait_for_processes`): a process whose sampler or reward stalled never
 arrives, and the others stop with an error naming it instead of entering a collective
 that would never end.
+
 A request's sampling noise depends on its stream (step, prompt index) only, so the number
 of replicas changes no token (docs/design.md, "SPMD discipline").
 """

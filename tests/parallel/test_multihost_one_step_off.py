@@ -141,7 +141,7 @@ def test_two_processes_one_step_off_like_one_killed_and_resumed(tmp_path, monkey
 
 # ---- no hang ---------------------------------------------------------------------------------------------------
 
-TIMEOUT_S = 30.0
+TIMEOUT_S = 15.0  # async.timeout_s once every program compiled (the first rollout compiles: 25-30 s here)
 
 SLOW_REWARD = """
 import os, time
@@ -152,7 +152,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 # each process: the run with the fault armed from step 2's rollout on (after every program compiled), on
-# process 1 only; -> its error and the seconds from the start of the wait that raised it to the run's close
+# process 1 only, and async.timeout_s lowered to TIMEOUT_S then (the config's 600 s covers the compiling
+# steps); -> its error and the seconds from the start of the wait that raised it to the run's close
 NO_HANG_WORKER = textwrap.dedent("""
     import json, os, sys, time
     from rljax.distributed import initialize
@@ -189,6 +190,7 @@ NO_HANG_WORKER = textwrap.dedent("""
     def arming_submit(*args):
         if trainer.step_count == 1:  # step 1 submits step 2's prompts
             armed.append(True)
+            trainer.producer.timeout_s = {timeout_s}
             if CASE == "slow_reward":
                 open(FLAG, "w").close()
         return submit(*args)
@@ -206,6 +208,7 @@ NO_HANG_WORKER = textwrap.dedent("""
         result = {{"error": f"{{type(e).__name__}}: {{e}}", "seconds": closes[0] - waits[-1],
                    "step": trainer.step_count}}
     print("RESULT " + json.dumps(result), flush=True)
+    jax.distributed.shutdown()  # both processes leave together (the first one out would take the other down)
     os._exit(0)  # a stalled replica's thread would hold the interpreter's exit
 """)
 
@@ -213,7 +216,7 @@ NO_HANG_WORKER = textwrap.dedent("""
 @pytest.mark.parametrize("case", ["stalled_sampler", "slow_reward", "failed_replica"])
 def test_a_fault_on_one_process_is_a_clear_error_on_every_process_within_the_timeout(tmp_path, case):
     config = write_config(tmp_path, {"model": {"tokenizer": "char", "hf_config": tiny_qwen2_hf(num_key_value_heads=2)}})
-    args = overrides(tmp_path, "trainer.total_steps=4", f"async.timeout_s={TIMEOUT_S}", "reward.timeout_s=60",
+    args = overrides(tmp_path, "trainer.total_steps=4", "async.timeout_s=600", "reward.timeout_s=60",
                      f"trainer.default_local_dir={tmp_path / 'run'}")
     if case == "slow_reward":  # scored in worker processes, in the background
         args.append("reward.mode=process")
@@ -221,7 +224,8 @@ def test_a_fault_on_one_process_is_a_clear_error_on_every_process_within_the_tim
     cfg = load_config(RLConfig, config, args)
     (tmp_path / "reward.py").write_text(SLOW_REWARD.format(flag=flag))
     save_config(cfg, str(tmp_path / "run.yaml"))
-    outs = run_two_processes(NO_HANG_WORKER.format(case=case, config=str(tmp_path / "run.yaml"), flag=flag),
+    outs = run_two_processes(NO_HANG_WORKER.format(case=case, config=str(tmp_path / "run.yaml"), flag=flag,
+                                                   timeout_s=TIMEOUT_S),
                              timeout=600)
     print(case, outs)
     for p, out in enumerate(outs):
