@@ -24,7 +24,11 @@ restored batch and draws prompts k+2 next: nothing sampled is lost or trained tw
 
 With an inline reward manager the rollout's reward calls run on the main thread (SIGALRM,
 `rljax.rl.main_thread`): the trainer serves them whenever it waits on the producer, so
-scoring then overlaps nothing; `reward.mode: process` scores in the background too.
+scoring then overlaps nothing; `reward.mode: process` scores in the background too. With
+several processes the rollout's gather (a collective) is such a main-thread call as well,
+so it runs while every process waits for the same batch; a wait that reaches its deadline
+reports the error a served call ended the rollout with (the gather's meeting of the
+processes names a missing one) in preference to `RolloutTimeout`.
 """
 
 from __future__ import annotations
