@@ -55,6 +55,39 @@ def any_process(flag: bool) -> bool:
     return bool(_allgather(np.asarray([int(bool(flag))], np.int32)).max() > 0)
 
 
+class ProcessesTimeout(RuntimeError):
+    """Another process did not reach a point every process must reach in time."""
+
+
+def wait_for_processes(name: str, timeout_s: float, what: str) -> None:
+    """Every process marks `name` reached, then waits up to `timeout_s` seconds (in all)
+    for the others' marks; `ProcessesTimeout` (one line: this process, the missing ones,
+    `what` they did not reach) otherwise. `name` must be new for each point (a counter
+    every process advances alike)."""
+    if jax.process_count() == 1:
+        return
+    import time
+
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    me = jax.process_index()
+    client.key_value_set(f"rljax/reached/{name}/{me}", "1")
+    deadline = time.monotonic() + max(timeout_s, 0.0)
+    missing = []
+    for p in range(jax.process_count()):
+        if p == me:
+            continue
+        left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        try:
+            client.blocking_key_value_get(f"rljax/reached/{name}/{p}", left_ms)
+        except Exception:  # noqa: BLE001 - the coordination service's deadline error
+            missing.append(p)
+    if missing:
+        raise ProcessesTimeout(f"process {me}: process(es) {missing} did not reach {what} within {timeout_s:g} s "
+                               "(stalled or failed; see their log)")
+
+
 def global_array(host: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
     """A global array equal to `host`, which every process holds in full and identically;
     each process copies only the slices of its addressable shards."""

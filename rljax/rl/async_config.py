@@ -124,6 +124,24 @@ def check_async(cfg) -> None:
                               "use trainer.mode=one_step_off or sync")
 
 
+def check_processes(cfg, processes: int, local_devices: int) -> None:
+    """What an asynchronous `trainer.mode` needs of a run of several `processes` with
+    `local_devices` each: as many devices for the rollout as for the trainer on every
+    process (the weights cross in one program over both sets, pairing each trainer device
+    with a rollout device of its process: `rljax.rollout.cross_transfer`)."""
+    if processes == 1 or cfg.trainer.mode == "sync":
+        return
+    if cfg.trainer.mode == "async":
+        raise ConfigError(f"trainer.mode=async: one process only for now (the stream's batches form from every "
+                          f"replica's finished groups; a run of {processes} processes has no agreed order for them "
+                          "yet); use trainer.mode=one_step_off")
+    k = cfg.async_.rollout_devices or local_devices // 2
+    if 2 * k != local_devices:
+        raise ConfigError(f"async.rollout_devices={cfg.async_.rollout_devices}: a run of {processes} processes in "
+                          f"trainer.mode={cfg.trainer.mode} gives half of each process's {local_devices} devices to the "
+                          "rollout (the weight transfer pairs each trainer device with a rollout device); set it to 0")
+
+
 def device_counts(cfg, num_devices: int, num_processes: int) -> tuple[int, int]:
     """(trainer devices, rollout devices) of `split_devices` on `num_devices` devices
     spread evenly over `num_processes` processes (`sync`: every device for both)."""

@@ -24,7 +24,11 @@ restored batch and draws prompts k+2 next: nothing sampled is lost or trained tw
 
 With an inline reward manager the rollout's reward calls run on the main thread (SIGALRM,
 `rljax.rl.main_thread`): the trainer serves them whenever it waits on the producer, so
-scoring then overlaps nothing; `reward.mode: process` scores in the background too.
+scoring then overlaps nothing; `reward.mode: process` scores in the background too. With
+several processes the rollout's gather (a collective) is such a main-thread call as well,
+so it runs while every process waits for the same batch; a wait that reaches its deadline
+reports the error a served call ended the rollout with (the gather's meeting of the
+processes names a missing one) in preference to `RolloutTimeout`.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ from rljax.rl.main_thread import MainThreadCalls
 from rljax.rl.producer import Prompts, SyncProducer
 from rljax.rl.scoring import ScoredRollout
 from rljax.rollout.params import SamplingParams
+
+
+_GRACE_S = 1.0  # after the deadline, how long a rollout may take to report the error it ended with
 
 
 class RolloutTimeout(RuntimeError):
@@ -166,6 +173,12 @@ class OneStepOffProducer:
                     self.main_thread.serve([pending.future], timeout_s=timeout)
                 pending.done = pending.future.result(timeout=timeout)
             except (TimeoutError, concurrent.futures.TimeoutError):
+                if self.main_thread is not None and self.main_thread.on_owner:
+                    # a call served here may end at the same deadline (the gather's meeting of the processes):
+                    # the error the rollout then ends with says more than the timeout
+                    concurrent.futures.wait([pending.future], timeout=_GRACE_S)
+                if pending.future.done() and pending.future.exception() is not None:
+                    raise pending.future.exception() from None
                 raise RolloutTimeout(f"the rollout of the batch sampled by policy version {pending.version} is not "
                                      f"done after async.timeout_s={self.timeout_s:g} s (a stalled sampler or "
                                      "reward)") from None

@@ -51,7 +51,7 @@ from rljax.rl.reward_config import (
     RewardModelConfig,
     VerifierConfig,
 )
-from rljax.rl.async_config import AsyncConfig, RLTrainerConfig, check_mode, device_counts
+from rljax.rl.async_config import AsyncConfig, RLTrainerConfig, check_mode, check_processes, device_counts
 from rljax.rl.presets import PRESETS, preset_tree
 from rljax.rl.request_streams import TRAIN, VALIDATION, request_stream
 from rljax.rl.rollout_config import RolloutConfig, TopK, ValKwargs
@@ -171,10 +171,7 @@ class RLConfig:
         if processes > 1 and (self.reward.reward_model.enable or self.reward.verifier.enable):
             raise ConfigError("reward.reward_model / reward.verifier: not supported in a run of several processes "
                               "(their forward spans the mesh while rollouts run per process)")
-        if processes > 1 and self.trainer.mode != "sync":
-            raise ConfigError(f"trainer.mode={self.trainer.mode}: one process only for now (the weight transfer "
-                              "between disjoint multi-host device sets is one program over their union, "
-                              "docs/async.md); use trainer.mode=sync")
+        check_processes(self, processes, jax.local_device_count())
         if num_devices is None:
             return
         # the asynchronous modes split the devices: the rollout replicas' share and the trainer's mesh

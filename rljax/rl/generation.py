@@ -10,11 +10,17 @@ Layouts (`rollout.tensor_parallel_size`):
   copy; one process only: its scheduler feeds programs over the whole mesh);
 - tp >= 1: data-parallel replicas of tp devices each (`rljax.rl.replica_rollout`), the
   weights handed off in device memory every step; the only layout for several processes.
+
+With several processes and rollout devices apart from the training mesh (an asynchronous
+`trainer.mode`), the weights first cross to the rollout devices in one program over both
+sets (`rljax.rollout.cross_transfer.UnionTransfer`; `jax.device_put` cannot move arrays
+between disjoint multi-process device sets), then reshard within them (docs/async.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any, Callable
 
 import jax
@@ -28,6 +34,7 @@ from rljax.rl.main_thread import OnMainThread
 from rljax.rl.model_rewards import build_model_rewards
 from rljax.rl.replica_rollout import ReplicatedRollout
 from rljax.rl.scoring import ScoredRollout, generate_and_score
+from rljax.rollout.cross_transfer import UnionTransfer
 from rljax.rollout.params import SamplingParams
 from rljax.rollout.replicas import ReplicaLayout
 from rljax.rollout.sampler import Sampler
@@ -77,9 +84,9 @@ def make_rollout_fn(sampler: Sampler, rewards: RewardSources, tokenizer, cfg: RL
 def rollout_layout(cfg: RLConfig) -> ReplicaLayout:
     """The replicas of `rollout.tensor_parallel_size` devices: `rollout.data_parallel_size`
     of them (0: all rollout devices / tp) over the first rollout devices in process-major
-    order (every device in `trainer.mode=sync`; `rljax.rl.async_config.split_devices`). Fewer
-    devices than the mesh's is for one process only (with several, the hand-off reshards
-    within the training mesh's device set)."""
+    order (every device in `trainer.mode=sync`; `rljax.rl.async_config.split_devices`). With
+    several processes they must cover the rollout's devices (the hand-off reshards within
+    one device set)."""
     r = cfg.rollout
     tp = r.tensor_parallel_size
     share = run_split(cfg).rollout  # every device; the rollout's own share in an asynchronous trainer.mode
@@ -89,6 +96,31 @@ def rollout_layout(cfg: RLConfig) -> ReplicaLayout:
                          f"{len(share)} rollout devices in a run of {jax.process_count()} processes")
     devices = share[: dp * tp]
     return ReplicaLayout.create(devices, tp, dp, r.allow_cross_host_replicas)
+
+
+def cross_transfer(mesh, layout: ReplicaLayout) -> UnionTransfer | None:
+    """The union transfer from the training `mesh` to the rollout devices when a run of
+    several processes keeps them apart (None: one process, or the same devices; then the
+    hand-off's `jax.device_put` moves the weights)."""
+    rollout = list(layout.mesh.devices.flat)
+    if mesh is None or jax.process_count() == 1 or {d.id for d in rollout} & {d.id for d in mesh.devices.flat}:
+        return None
+    return UnionTransfer(mesh, rollout)
+
+
+class OneAtATime:
+    """`target`, whose `score(...)` calls run one at a time under `lock` (from any
+    thread); every other attribute is `target`'s own."""
+
+    def __init__(self, target: Any, lock: threading.Lock):
+        self._target, self._lock = target, lock
+
+    def score(self, *args, **kwargs):
+        with self._lock:
+            return self._target.score(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
 
 
 class Generation:
@@ -103,27 +135,37 @@ class Generation:
         self.cfg, self.tokenizer, self.agent = cfg, tokenizer, agent
         self.rewards = make_reward_sources(cfg, tokenizer, decoder, policy_params, mesh)
         self.sampler = self.replicas = None
+        self._score_lock = threading.Lock()
         if r.tensor_parallel_size:
             layout = rollout_layout(cfg)
             manual = cfg.trainer.mode == "async"  # the stream producer steps the replicas' engines itself
             self.replicas = ReplicatedRollout(decoder, layout, lambda model: make_sampler(cfg, model, manual),
-                                              r.response_length)
+                                              r.response_length, cross_transfer(mesh, layout))
         else:
             self.sampler = make_sampler(cfg, decoder)
 
     def _rollout_on(self, sampler: Sampler, prompts: dict, params: SamplingParams, offset: int) -> ScoredRollout:
-        return make_rollout_fn(sampler, self.rewards_on_main_thread(), self.tokenizer, self.cfg, self.agent)(prompts, params, offset)
+        return make_rollout_fn(sampler, self.replica_rewards(), self.tokenizer, self.cfg, self.agent)(
+            prompts, params, offset)
 
-    def rewards_on_main_thread(self) -> RewardSources:
-        """The reward sources, their function managers' calls run on the thread that owns
-        the replicas' `MainThreadCalls` (inline rewards time out with SIGALRM)."""
-        return self.rewards if self.replicas is None else self.rewards.with_function_managers(
-            lambda manager: OnMainThread(manager, self.replicas.main_thread))
+    def replica_rewards(self) -> RewardSources:
+        """The reward sources as the replicas' threads (and the async stream's) reach them
+        (`_replica_manager`)."""
+        return self.rewards if self.replicas is None else self.rewards.with_function_managers(self._replica_manager)
 
     def rollout_with(self, sampler: Sampler) -> RolloutFn:
         """`rollout(prompts, params, offset)` on `sampler` (not the run's replicas), on the calling thread."""
         return lambda prompts, params, offset=0: make_rollout_fn(sampler, self.rewards, self.tokenizer, self.cfg,
                                                                  self.agent)(prompts, params, offset)
+
+    def _replica_manager(self, manager):
+        """How the replicas' threads reach a reward manager: through the main thread (an
+        inline manager's SIGALRM timeout; every manager in `trainer.mode: sync`), else, in
+        an asynchronous mode, one call at a time from the calling thread, so that scoring
+        in worker processes overlaps the training on the main thread."""
+        if getattr(manager, "inline", True) or self.cfg.trainer.mode == "sync":
+            return OnMainThread(manager, self.replicas.main_thread)
+        return OneAtATime(manager, self._score_lock)
 
     def rollout(self, prompts: dict, params: SamplingParams, offset: int = 0) -> ScoredRollout:
         """Sample and score `prompts` (groups numbered from `offset`); with replicas, every

@@ -25,6 +25,7 @@ class MainThreadCalls:
     def __init__(self):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._owner = threading.get_ident()
+        self.deadline: float | None = None  # while serving with a timeout: when it ends (time.monotonic)
 
     def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         if threading.get_ident() == self._owner:
@@ -44,8 +45,13 @@ class MainThreadCalls:
         seconds (None: no limit)."""
         if threading.get_ident() != self._owner:
             raise RuntimeError("MainThreadCalls.serve: only the thread that created it serves its calls")
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        pending = set(futures)
+        deadline = self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            self._serve(set(futures), poll_s, deadline, timeout_s)
+        finally:
+            self.deadline = None
+
+    def _serve(self, pending: set, poll_s: float, deadline: float | None, timeout_s: float | None) -> None:
         while pending:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"{len(pending)} task(s) not done after {timeout_s:g} s")

@@ -4,13 +4,26 @@ a rollout's prompts spread over the replicas and the scored results gathered in 
     step's prompts (identical on every process)
         ─► contiguous runs of groups per replica (a pure function of the prompts: `assign_groups`)
         ─► each process runs its local replicas' rollouts (one thread each: sample + score)
-        ─► scored slices gathered from every process (`allgather_objects`)
+        ─► scored slices gathered from every process (`allgather_objects`), on the main thread
         ─► concatenated in replica order = prompt order: every process holds the same `ScoredRollout`
 
 A replica's programs run on its own devices (`rollout.tensor_parallel_size` of them,
 inside one process unless `rollout.allow_cross_host_replicas`), so its scheduler answers to
 no one; the only cross-process steps are the weight hand-off (one program over all
-devices, every process calls it with the same arguments) and the gather of the results.
+devices, every process calls it with the same arguments; with `transfer`, first one
+program over the trainer's and the rollout's devices, `rljax.rollout.cross_transfer`)
+and the gather of the results.
+
+Both are collectives, so they run on the main thread, where every process makes its
+cross-process calls in the same order. A rollout running in a producer's background thread
+(`trainer.mode: one_step_off`) hands its gather to the main thread (`MainThreadCalls`),
+which runs it while it waits for that rollout: every process reaches that wait at the same
+point of its loop. When the main thread waits with a deadline (`async.timeout_s`), the
+gather first waits for every process to arrive until that deadline
+(`rljax.hostsync.wait_for_processes`): a process whose sampler or reward stalled never
+arrives, and the others stop with an error naming it instead of entering a collective
+that would never end.
+
 A request's sampling noise depends on its stream (step, prompt index) only, so the number
 of replicas changes no token (docs/design.md, "SPMD discipline").
 """
@@ -18,12 +31,13 @@ of replicas changes no token (docs/design.md, "SPMD discipline").
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from typing import Callable, Sequence
 
 import jax
 from flax import nnx
 
-from rljax.hostsync import allgather_objects
+from rljax.hostsync import allgather_objects, wait_for_processes
 from rljax.metrics import reduce_metrics
 from rljax.rl.main_thread import MainThreadCalls
 from rljax.rl.scoring import ScoredRollout
@@ -53,18 +67,22 @@ def merge_rollouts(parts: Sequence[ScoredRollout], sizes: Sequence[int]) -> Scor
 
 
 class ReplicatedRollout:
-    """The rollout replicas of a run: `layout` over every device, a sampler for each
+    """The rollout replicas of a run: `layout` over the rollout devices, a sampler for each
     replica this process owns, built by `make_sampler(decoder)` on the replica's copy
-    of the weights."""
+    of the weights. `transfer` carries weights from the decoder's devices onto the rollout
+    devices first (several processes, disjoint device sets; `rljax.rollout.handoff`)."""
 
     def __init__(self, decoder: nnx.Module, layout: ReplicaLayout, make_sampler: Callable[[nnx.Module], Sampler],
-                 max_response_len: int):
+                 max_response_len: int, transfer: Callable[[list], list] | None = None):
         self.layout = layout
         self.max_response_len = max_response_len
+        self.transfer = transfer
         self.graphdef, params = nnx.split(decoder)
         self.local = layout.local_replicas()
         self.hand_off_cache = HandOffCache()  # unchanged leaves (LoRA's base) are handed off once
-        states, self.last_hand_off = timed_hand_off(params, layout, self.local, self.hand_off_cache)
+        self._gathers = 0  # gathers made with a deadline: names each one's meeting point, alike on every process
+        self._futures: dict = {}  # the replicas' rollouts in flight or last run
+        states, self.last_hand_off = timed_hand_off(params, layout, self.local, self.hand_off_cache, transfer)
         self.samplers = {}
         for r, state in zip(self.local, states):
             with jax.set_mesh(layout.replicas[r]):  # a replica's programs live on its devices, not the run's mesh
@@ -74,17 +92,17 @@ class ReplicatedRollout:
 
     def update_params(self, params: nnx.State) -> HandOffReport:
         """Hand the policy's parameters (training layout) to every replica, in device
-        memory. Every process must call it (the reshard is one program over all)."""
-        states, report = timed_hand_off(params, self.layout, self.local, self.hand_off_cache)
+        memory. Every process must call it, on its main thread, with no rollout running
+        (the transfer and the reshard are programs over all processes)."""
+        states, report = self.hand_off(params)
         for r, state in zip(self.local, states):
             self.samplers[r].update_params(state)
-        self.last_hand_off = report
         return report
 
     def hand_off(self, params: nnx.State) -> tuple[list[nnx.State], HandOffReport]:
         """The policy's parameters copied onto every local replica's devices (one state per
         local replica, in `self.local` order), not yet in use: `install` puts them in."""
-        states, report = timed_hand_off(params, self.layout, self.local, self.hand_off_cache)
+        states, report = timed_hand_off(params, self.layout, self.local, self.hand_off_cache, self.transfer)
         self.last_hand_off = report
         return states, report
 
@@ -105,9 +123,9 @@ class ReplicatedRollout:
         """`rollout_fn` over the prompts (groups numbered from `offset`), each replica's run of
         them on its sampler; every process returns the same rollout, in prompt order."""
         shares = self.assign(prompts, params.n).per_replica
-        futures = {r: self._pool.submit(rollout_fn, self.samplers[r], select(prompts, shares[r]), params,
-                                        offset + shares[r][0])
-                   for r in self.local if shares[r]}
+        futures = self._futures = {
+            r: self._pool.submit(rollout_fn, self.samplers[r], select(prompts, shares[r]), params, offset + shares[r][0])
+            for r in self.local if shares[r]}
         if self.main_thread.on_owner:
             self.main_thread.serve(futures.values())
         else:  # a producer's thread: the owner serves the rollout's main-thread calls while it waits for it
@@ -120,9 +138,10 @@ class ReplicatedRollout:
                 local[r] = f"{type(e).__name__}: {e}"
                 if jax.process_count() == 1:
                     raise
-        gathered: dict[int, ScoredRollout | str] = {}
-        for part in allgather_objects(local):  # a replica spanning processes answers from each: the same
-            gathered.update(part)
+        if jax.process_count() > 1 and not self.main_thread.on_owner:
+            gathered = self.main_thread.call(self.gather, local)  # a collective: on the main thread
+        else:
+            gathered = self.gather(local)
         failed = {r: v for r, v in gathered.items() if isinstance(v, str)}
         if failed:
             r, message = min(failed.items())
@@ -130,11 +149,31 @@ class ReplicatedRollout:
         order = [r for r in range(self.layout.num_replicas) if shares[r]]
         return merge_rollouts([gathered[r] for r in order], [len(shares[r]) for r in order])
 
+    def gather(self, local: dict[int, ScoredRollout | str]) -> dict[int, ScoredRollout | str]:
+        """Every process's replica results (`local`: this process's), merged by replica.
+        A collective: every process calls it at the same point of its main thread; when
+        that thread waits with a deadline (`MainThreadCalls.deadline`), the processes first
+        meet (`wait_for_processes`), and one that does not arrive by the deadline is named
+        in a `ProcessesTimeout`."""
+        deadline = self.main_thread.deadline
+        if deadline is not None and jax.process_count() > 1:
+            self._gathers += 1
+            wait_for_processes(f"rollout-gather/{self._gathers}", deadline - time.monotonic(),
+                               f"the gather of rollout results #{self._gathers} (async.timeout_s)")
+        gathered: dict[int, ScoredRollout | str] = {}
+        for part in allgather_objects(local):  # a replica spanning processes answers from each: the same
+            gathered.update(part)
+        return gathered
+
     def stats(self) -> dict:
         return {r: sampler.stats() for r, sampler in self.samplers.items()}
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
-        for sampler in self.samplers.values():
-            sampler.close()
+        """Stop the replicas. A replica whose rollout is still running (a stalled sampler
+        or reward, after a timeout) is not waited for, and its sampler is left open."""
+        busy = {r for r, f in self._futures.items() if not f.done()}
+        self._pool.shutdown(wait=not busy, cancel_futures=True)
+        for r, sampler in self.samplers.items():
+            if r not in busy:
+                sampler.close()
 

@@ -140,7 +140,7 @@ class RLTrainer:
     def _stream_producer(self) -> StreamProducer:
         """`trainer.mode: async`'s producer over the rollout replicas (`rljax.rl.async_stream`)."""
         cfg, generation = self.cfg, self.generation
-        rewards = generation.rewards_on_main_thread()
+        rewards = generation.replica_rewards()
 
         def score(completions, prompts) -> ScoredRollout:
             return score_completions(completions, rewards, self.tokenizer, prompts, cfg, 0)

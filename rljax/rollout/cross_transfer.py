@@ -12,8 +12,9 @@ and `jax.jit` refuses arguments and results on different device sets).
     row 1       read back as x on the rollout devices laid out like the trainer (`mirror`)
 
 Every process calls `UnionTransfer.__call__` with the same arguments; each supplies the
-shards of its own devices of both rows, so every process must own devices of both roles
-in the same arrangement (`rljax.rl.async_config.split_devices` gives each process both).
+shards of its own devices of both rows, so every process must own as many devices of
+each role (`rljax.rl.async_config.split_devices` with `async.rollout_devices: 0` gives
+each process half and half).
 The result then goes into the replicas' layout with `rljax.rollout.handoff` (a reshard
 within the rollout devices). On one process the same program runs; there a plain
 `jax.device_put` would also do.
@@ -33,7 +34,10 @@ from rljax.parallel import ShardingError
 
 def union_mesh(trainer_mesh: Mesh, rollout_devices: Sequence) -> Mesh:
     """`[role = 2, *trainer_mesh.shape]`: row 0 `trainer_mesh`, row 1 `rollout_devices`
-    (as many, disjoint) in the same arrangement."""
+    (as many, disjoint) in the same arrangement, each trainer device paired with a rollout
+    device of its own process (that process's rollout devices by id, in the order its
+    trainer devices appear in the trainer mesh), so each process supplies both blocks of
+    every pair it holds."""
     grid = trainer_mesh.devices
     rollout = list(rollout_devices)
     if len(rollout) != grid.size:
@@ -41,9 +45,18 @@ def union_mesh(trainer_mesh: Mesh, rollout_devices: Sequence) -> Mesh:
                             f"({len(rollout)} vs {grid.size}; async.rollout_devices: 0 gives each process half)")
     if {d.id for d in rollout} & {d.id for d in grid.flat}:
         raise ShardingError("the rollout and trainer devices overlap")
+    free: dict[int, list] = {}
+    for d in sorted(rollout, key=lambda d: (d.process_index, d.id)):
+        free.setdefault(d.process_index, []).append(d)
+    paired = []
+    for d in grid.flat:
+        if not free.get(d.process_index):
+            raise ShardingError(f"process {d.process_index} has more trainer devices than rollout devices; the "
+                                "union transfer needs as many of each on every process (async.rollout_devices: 0)")
+        paired.append(free[d.process_index].pop(0))
     rows = np.empty((2, *grid.shape), dtype=object)
     rows[0] = grid
-    rows[1] = np.asarray(rollout, dtype=object).reshape(grid.shape)
+    rows[1] = np.asarray(paired, dtype=object).reshape(grid.shape)
     return Mesh(rows, ("role", *trainer_mesh.axis_names), axis_types=(AxisType.Auto,) * (1 + grid.ndim))
 
 
@@ -70,13 +83,14 @@ class UnionTransfer:
         """`tree` (leaves: arrays sharded over `trainer_mesh`) with the same values on the
         rollout devices, each leaf laid out on `mirror` as it was on `trainer_mesh`."""
         leaves, treedef = jax.tree.flatten(tree)
-        stacked = [self._stack(x) for x in leaves]
-        shardings = tuple(x.sharding for x in stacked)
-        program = self._programs.get(shardings)
-        if program is None:
-            program = self._programs[shardings] = jax.jit(_copy_row0, out_shardings=list(shardings))
-        copied = program(stacked)
-        return jax.tree.unflatten(treedef, [self._row1(y, x) for y, x in zip(copied, leaves)])
+        with jax.set_mesh(None):  # the caller's mesh (the trainer's) is not the devices these programs run on
+            stacked = [self._stack(x) for x in leaves]
+            shardings = tuple(x.sharding for x in stacked)
+            program = self._programs.get(shardings)
+            if program is None:
+                program = self._programs[shardings] = jax.jit(_copy_row0, out_shardings=list(shardings))
+            copied = program(stacked)
+            return jax.tree.unflatten(treedef, [self._row1(y, x) for y, x in zip(copied, leaves)])
 
     def _stack(self, x: jax.Array) -> jax.Array:
         spec = x.sharding.spec

@@ -10,9 +10,13 @@ Two moves, neither through the host:
 2. Per replica, its arrays are assembled from that result's shards on its devices
    (`make_array_from_single_device_arrays`): views, no copy, local to each process.
 
-With several processes the rollout devices must be the training mesh's devices (JAX
-reshards across hosts within one device set); on one process any devices will do (e.g.
-rollout replicas on devices the trainer does not use).
+With several processes the reshard of step 1 must stay within one device set (JAX
+reshards across hosts within one device set, not between disjoint ones): either the
+rollout devices are the training mesh's devices, or a `transfer` first carries the moving
+leaves onto the rollout devices (`rljax.rollout.cross_transfer.UnionTransfer`: one program
+over the union of both sets, laid out like the trainer), and step 1 reshards from there.
+On one process any devices will do (e.g. rollout replicas on devices the trainer does not
+use) without a transfer.
 
 With a `HandOffCache` a leaf whose source is the very array handed off last time (LoRA's
 frozen base: only the adapters change between updates) is not moved again: each replica
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 from flax import nnx
@@ -82,10 +86,12 @@ class HandOffCache:
 
 
 def hand_off(params: nnx.State, layout: ReplicaLayout, replicas: Sequence[int] | None = None,
-             cache: HandOffCache | None = None) -> list[nnx.State]:
+             cache: HandOffCache | None = None, transfer: Callable[[list], list] | None = None) -> list[nnx.State]:
     """`params` (an nnx.State of the policy, in the training layout) laid out for each of
     `replicas` (default: this process's `layout.local_replicas()`), in that order. With
     `cache`, leaves unchanged since its last hand-off are not moved (and it is updated).
+    With `transfer` (a list of leaves -> the same values on `layout.mesh`'s devices), the
+    leaves that move are carried by it before the reshard.
 
     Every process must call it with the same `params` and `layout` (step 1 of the module
     docstring is one program over all of them). Values are the source's, bit for bit."""
@@ -94,7 +100,11 @@ def hand_off(params: nnx.State, layout: ReplicaLayout, replicas: Sequence[int] |
     targets = rollout_shardings(params, layout)
     reuse = cache.reusable(leaves, replicas) if cache is not None else [False] * len(leaves)
     moving = [i for i, kept in enumerate(reuse) if not kept]
-    placed = dict(zip(moving, _to_rollout_layout([leaves[i] for i in moving], [targets[i] for i in moving])))
+    sources = [leaves[i] for i in moving]
+    with jax.set_mesh(None):  # its programs run on the rollout devices, not on the caller's (training) mesh
+        if transfer is not None and sources:
+            sources = transfer(sources)
+        placed = dict(zip(moving, _to_rollout_layout(sources, [targets[i] for i in moving])))
     outputs = {r: [cache.outputs[r][i] if reuse[i] else _replica_view(placed[i], targets[i].spec, layout.replicas[r])
                    for i in range(len(leaves))] for r in replicas}
     if cache is not None:
@@ -133,12 +143,14 @@ def _buffers(tree) -> dict[tuple[int, int], int]:
 
 def timed_hand_off(
     params: nnx.State, layout: ReplicaLayout, replicas: Sequence[int] | None = None,
-    cache: HandOffCache | None = None,
+    cache: HandOffCache | None = None, transfer: Callable[[list], list] | None = None,
 ) -> tuple[list[nnx.State], HandOffReport]:
-    """`hand_off`, timed to completion, with the bytes it allocated on each device."""
+    """`hand_off`, timed to completion, with the bytes it allocated on each device (the
+    replicas' arrays; a `transfer`'s intermediate copy, freed once resharded, is not
+    counted)."""
     held = _buffers([x for leaves in cache.outputs.values() for x in leaves]) if cache is not None else {}
     start = time.perf_counter()
-    out = jax.block_until_ready(hand_off(params, layout, replicas, cache))
+    out = jax.block_until_ready(hand_off(params, layout, replicas, cache, transfer))
     seconds = time.perf_counter() - start
     before = {**_buffers(params), **held}
     allocated: dict[int, int] = {}

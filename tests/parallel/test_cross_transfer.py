@@ -10,9 +10,15 @@ import textwrap
 
 import pytest
 
-from tests.parallel.helpers import run_two_processes
+import jax
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-pytestmark = pytest.mark.slow
+from rljax.hostsync import global_array
+from rljax.rollout.cross_transfer import UnionTransfer
+from rljax.rollout.handoff import HandOffCache, hand_off
+from rljax.rollout.replicas import ReplicaLayout
+from tests.parallel.helpers import run_two_processes
 
 
 WORKER = textwrap.dedent("""
@@ -59,6 +65,7 @@ WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_weights_cross_to_disjoint_rollout_devices_on_two_processes():
     outs = run_two_processes(WORKER, timeout=300)
     print("union transfer of 16 MiB, 2 processes, best of 3 (s):", [o["seconds"] for o in outs])
@@ -70,3 +77,36 @@ def test_weights_cross_to_disjoint_rollout_devices_on_two_processes():
         assert result["w"] and result["b"] == [3.0] * 8 and result["replicated"]
         assert result["w_devices"] == sorted(result["rollout_ids"]) and result["spec"] == "P('fsdp', None)"
         assert result["refused"]  # jax.device_put cannot make this move across processes
+
+
+def test_hand_off_through_the_union_transfer_under_the_trainers_mesh():
+    """On one process (8 devices: 4 train, 4 sample), inside the trainer's mesh context as
+    the trainer runs it: the hand-off through the transfer gives every replica the same
+    arrays, bit for bit, as the hand-off's own `jax.device_put`; with a cache, a leaf
+    handed off before (LoRA's frozen base) is not carried again."""
+    devices = jax.devices()
+    trainer = jax.make_mesh((1, 4, 1), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3,
+                            devices=devices[4:])
+    from flax import nnx
+    params = nnx.State({"w": nnx.Param(global_array(np.arange(64 * 8, dtype=np.float32).reshape(64, 8),
+                                                    NamedSharding(trainer, P("fsdp", None)))),
+                        "b": nnx.Param(global_array(np.full(8, 2.5, np.float32), NamedSharding(trainer, P())))})
+    layout = ReplicaLayout.create(devices[:4], 2)  # 2 replicas of 2 devices
+    transfer = UnionTransfer(trainer, devices[:4])
+    carried = []
+
+    def counting(leaves):
+        carried.append(len(leaves))
+        return transfer(leaves)
+
+    cache = HandOffCache()
+    with jax.set_mesh(trainer):
+        direct = hand_off(params, layout, cache=HandOffCache())
+        crossed = hand_off(params, layout, cache=cache, transfer=counting)
+        again = hand_off(params, layout, cache=cache, transfer=counting)
+    for a, b in zip(direct, crossed):
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            assert y.sharding == x.sharding
+            np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+    assert carried == [2]  # the second hand-off of the same arrays moved nothing
+    assert all(x is y for a, b in zip(crossed, again) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))

@@ -197,3 +197,44 @@ def test_mode_config():
         config("trainer.mode=one_step_off", "rollout.tensor_parallel_size=1", "async.rollout_devices=3").check_run(8)
     with pytest.raises(ConfigError, match="must fit the 2 rollout devices"):
         config("trainer.mode=one_step_off", "rollout.tensor_parallel_size=4", "async.rollout_devices=2").check_run(8)
+
+
+def test_several_processes_give_the_rollout_half_of_each_process():
+    """The union transfer pairs each trainer device with a rollout device of its process:
+    a multi-process asynchronous run needs the half split; one process, or sync, does not."""
+    from rljax.rl.async_config import check_processes
+
+    half = config("trainer.mode=one_step_off", "rollout.tensor_parallel_size=1")
+    check_processes(half, 2, 4)
+    check_processes(config("trainer.mode=one_step_off", "rollout.tensor_parallel_size=1", "async.rollout_devices=2"),
+                    2, 4)
+    check_processes(config("trainer.mode=one_step_off", "rollout.tensor_parallel_size=1", "async.rollout_devices=1"),
+                    1, 4)
+    check_processes(config("async.rollout_devices=1"), 2, 4)
+    with pytest.raises(ConfigError, match=r"^async.rollout_devices=1: a run of 2 processes in trainer.mode=one_step_off"):
+        check_processes(config("trainer.mode=one_step_off", "rollout.tensor_parallel_size=1",
+                               "async.rollout_devices=1"), 2, 4)
+    with pytest.raises(ConfigError, match=r"^async.rollout_devices=0: .* each process's 3 devices"):
+        check_processes(half, 2, 3)
+
+
+def test_an_error_the_rollout_ends_with_at_the_deadline_is_reported_not_the_timeout():
+    """A main-thread call of the rollout (the gather's meeting of the processes) that
+    fails at the wait's deadline: collect raises that call's error, which names the cause,
+    rather than a RolloutTimeout."""
+    from rljax.hostsync import ProcessesTimeout
+
+    calls = MainThreadCalls()
+
+    def meeting():
+        time.sleep(0.3)  # until past the 0.2 s deadline, as a meeting that waits until the deadline does
+        raise ProcessesTimeout("process 0: process(es) [1] did not reach the gather")
+
+    def rollout(prompts, params, offset):
+        calls.call(meeting)
+        return ScoredRollout([], {})
+
+    producer = OneStepOffProducer(SyncProducer(rollout, lambda: None, 1), lambda p: {}, calls, timeout_s=0.2)
+    producer.submit({"prompt_ids": [1]}, 0, SamplingParams(n=1))
+    with pytest.raises(ProcessesTimeout, match=r"process\(es\) \[1\] did not reach the gather"):
+        producer.collect()
