@@ -2,7 +2,9 @@
 
 It runs the supervised trainer (`rljax.train.loop.train`) in `<run_dir>/warmup_sft`,
 exports the result to `<run_dir>/warmup_sft/hf`, and returns the RL config pointed at
-that export. A resumed run finds the export and skips the phase.
+that export. A resumed run finds the export and skips the phase. The phase trains on
+every device (`cfg.mesh` over all of them), whatever mesh the caller is under (an
+asynchronous `trainer.mode` trains RL on a share of the devices).
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import jax
+
 from rljax.data.config import DataConfig
+from rljax.parallel import make_mesh
 from rljax.rl.config import RLConfig
 from rljax.train.export import export_checkpoint
 from rljax.train.loop import train
@@ -33,7 +38,8 @@ def run_warmup_sft(cfg: RLConfig, run_dir: str) -> RLConfig:
                                   experiment_name="warmup_sft", logger=cfg.trainer.logger, async_save=False),
             mesh=cfg.mesh,
         )
-        train(sft)
-        export_checkpoint(os.path.join(run_dir, "warmup_sft"), export_dir)
+        with jax.set_mesh(make_mesh(cfg.mesh)):
+            train(sft)
+            export_checkpoint(os.path.join(run_dir, "warmup_sft"), export_dir)
     model = dataclasses.replace(cfg.model, path=export_dir, tokenizer=export_dir, hf_config={})
     return dataclasses.replace(cfg, model=model, warmup_sft=dataclasses.replace(w, enable=False))

@@ -173,3 +173,18 @@ def test_sigkill_at_random_moments_then_resume_trains_every_sample_exactly_once(
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     resumed.close()
     assert expected
+
+
+def test_warmup_sft_runs_on_every_device_under_the_trainers_share(tmp_path):
+    import dataclasses
+
+    from rljax.parallel import make_mesh
+    from rljax.rl.async_config import run_split
+    from rljax.rl.warmup import run_warmup_sft
+
+    cfg = make_config(tmp_path, *ASYNC, "warmup_sft.enable=true", "warmup_sft.steps=2", "warmup_sft.batch_size=8",
+                      'warmup_sft.train_files=["synthetic:arithmetic/sft?n=64&seed=0&digits=1"]')
+    with jax.set_mesh(make_mesh(cfg.mesh, run_split(cfg).trainer)):  # as train_rl runs it
+        warmed = run_warmup_sft(cfg, str(tmp_path))
+    assert os.path.exists(os.path.join(warmed.model.path, "config.json")) and not warmed.warmup_sft.enable
+    assert dataclasses.replace(warmed, model=cfg.model, warmup_sft=cfg.warmup_sft) == cfg
