@@ -57,6 +57,9 @@ def test_an_asynchronous_mode_plans_the_trainer_and_the_replicas_on_their_own_de
     assert 1.9 * params(sync) < params(split) <= 2 * params(sync)
     rollout_note = [n for n in split.notes if n.startswith("a rollout device:")]
     assert len(rollout_note) == 1 and not any(n.startswith("while the replicas sample") for n in split.notes)
+    stream = make_plan(load(config, ["rollout.tensor_parallel_size=1", "trainer.mode=async"]), devices=8,
+                       device_memory_gb=1)
+    assert "4 of the 8 devices train, the other 4 sample" in stream.title[0] and stream.rows == split.rows
     odd = load(config, ["rollout.tensor_parallel_size=1", "trainer.mode=one_step_off", "async.rollout_devices=8"])
     with pytest.raises(Exception, match=r"async\.rollout_devices=8: each process has 8 devices"):
         make_plan(odd, devices=8)
