@@ -22,10 +22,9 @@ import numpy as np
 import pytest
 
 from rljax.config import save_config
-from rljax.hostsync import fetch, shard_global_batch
 from rljax.rl.trainer import RLTrainer
 
-from .test_one_step_off import VOLATILE, read_jsonl, record_trained
+from .test_one_step_off import VOLATILE, log_prob_gaps, read_jsonl, record_trained
 from .test_rl_train import make_config
 
 pytestmark = pytest.mark.slow
@@ -49,11 +48,7 @@ def test_async_learns_within_the_bound_with_partial_rollouts(tmp_path):
         assert all(k - v <= 2 for v in versions), (k, versions)
         if len(versions) == 1 and rollout.metrics["async/partial_rollout_fraction"] == 0 and 0 < k - versions[0]:
             # a batch sampled by one older version: its log-probs are that version's, not the trainer's current
-            ids, mask = shard_global_batch({"i": batch.input_ids, "m": batch.attention_mask}, trainer.mesh).values()
-            stated = fetch(trainer.forwards.log_probs(params_of[versions[0]], ids, mask))
-            m = batch.response_mask > 0
-            checked.append((np.abs(stated - batch.rollout_log_probs)[m].max(),
-                            np.abs(batch.old_log_probs - batch.rollout_log_probs)[m].max()))
+            checked.append(log_prob_gaps(trainer, batch, params_of[versions[0]]))
         return batch, metrics
 
     trainer.make_batch = spy

@@ -46,6 +46,16 @@ def record_trained(trainer, path):
     trainer.make_batch = spy
 
 
+def log_prob_gaps(trainer, batch, params) -> tuple[float, float]:
+    """Over the batch's response tokens, the largest |log-prob under `params` - the
+    sampler's| and |the trainer's old log-prob - the sampler's|."""
+    ids, mask = shard_global_batch({"i": batch.input_ids, "m": batch.attention_mask}, trainer.mesh).values()
+    stated = fetch(trainer.forwards.log_probs(params, ids, mask))
+    m = batch.response_mask > 0
+    return (float(np.abs(stated - batch.rollout_log_probs)[m].max()),
+            float(np.abs(batch.old_log_probs - batch.rollout_log_probs)[m].max()))
+
+
 def test_one_step_off_learns_and_samples_with_the_version_it_states(tmp_path):
     cfg = make_config(tmp_path, "trainer.total_steps=12", "actor.optim.lr=1e-2", "actor.optim.weight_decay=0.0",
                       "algorithm.adv_estimator=grpo", *ONE_STEP_OFF)
@@ -63,11 +73,7 @@ def test_one_step_off_learns_and_samples_with_the_version_it_states(tmp_path):
         assert versions == {max(k - 1, 0)}, (k, versions)
         if k >= 2:  # the stated version's log-probs are the sampler's; the trainer's current ones are not
             (v,) = versions
-            ids, mask = shard_global_batch({"i": batch.input_ids, "m": batch.attention_mask}, trainer.mesh).values()
-            stated = fetch(trainer.forwards.log_probs(params_of[v], ids, mask))
-            m = batch.response_mask > 0
-            checked.append((np.abs(stated - batch.rollout_log_probs)[m].max(),
-                            np.abs(batch.old_log_probs - batch.rollout_log_probs)[m].max()))
+            checked.append(log_prob_gaps(trainer, batch, params_of[v]))
         return batch, metrics
 
     trainer.make_batch = spy
