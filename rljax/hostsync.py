@@ -88,6 +88,41 @@ def wait_for_processes(name: str, timeout_s: float, what: str) -> None:
                                "(stalled or failed; see their log)")
 
 
+def exchange_objects(name: str, value: Any, timeout_s: float, what: str) -> list[Any]:
+    """`[value of process 0, value of process 1, ...]` on every process, through the
+    coordination service's key-value store: no device program, so any thread may call it
+    (a producer's, while the main thread runs the trainer's programs). `name` must be new
+    for each exchange (a counter every process advances alike); `ProcessesTimeout` (one
+    line naming the missing processes and `what`) after `timeout_s` seconds (0: none)."""
+    if jax.process_count() == 1:
+        return [value]
+    import base64
+    import time
+
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    me = jax.process_index()
+    client.key_value_set(f"rljax/exchange/{name}/{me}",
+                         base64.b64encode(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii"))
+    deadline = time.monotonic() + (timeout_s if timeout_s > 0 else 10 * 365 * 86400)
+    out, missing = [], []
+    for p in range(jax.process_count()):
+        if p == me:
+            out.append(value)
+            continue
+        left_ms = max(1, min(int((deadline - time.monotonic()) * 1000), 2**31 - 1))
+        try:
+            out.append(pickle.loads(base64.b64decode(client.blocking_key_value_get(f"rljax/exchange/{name}/{p}",
+                                                                                   left_ms))))
+        except Exception:  # noqa: BLE001 - the coordination service's deadline error
+            missing.append(p)
+    if missing:
+        raise ProcessesTimeout(f"process {me}: process(es) {missing} did not reach {what} within {timeout_s:g} s "
+                               "(stalled or failed; see their log)")
+    return out
+
+
 def global_array(host: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
     """A global array equal to `host`, which every process holds in full and identically;
     each process copies only the slices of its addressable shards."""

@@ -116,6 +116,7 @@ def check_async(cfg) -> None:
 
     refused = [(cfg.agent is not None, "agent: agent episodes"),
                (alg.filter_groups.enable, "algorithm.filter_groups.enable: DAPO's dynamic sampling"),
+               (cfg.actor.router_replay, "actor.router_replay: the experts the sampler routed to"),
                (get_adv_estimator(alg.adv_estimator).needs_greedy_baseline,
                 f"algorithm.adv_estimator={alg.adv_estimator}: a greedy rollout per batch")]
     for bad, what in refused:
@@ -131,10 +132,10 @@ def check_processes(cfg, processes: int, local_devices: int) -> None:
     with a rollout device of its process: `rljax.rollout.cross_transfer`)."""
     if processes == 1 or cfg.trainer.mode == "sync":
         return
-    if cfg.trainer.mode == "async":
-        raise ConfigError(f"trainer.mode=async: one process only for now (the stream's batches form from every "
-                          f"replica's finished groups; a run of {processes} processes has no agreed order for them "
-                          "yet); use trainer.mode=one_step_off")
+    if cfg.trainer.mode == "async" and cfg.data.val_files:
+        raise ConfigError(f"data.val_files: trainer.mode=async validates on the trainer's devices, which a run of "
+                          f"{processes} processes cannot sample on; validate with `rljax eval` on a checkpoint, or "
+                          "use trainer.mode=one_step_off")
     k = cfg.async_.rollout_devices or local_devices // 2
     if 2 * k != local_devices:
         raise ConfigError(f"async.rollout_devices={cfg.async_.rollout_devices}: a run of {processes} processes in "

@@ -55,6 +55,8 @@ from rljax.rollout.params import Completion, GenerationRequest, PartialRequest, 
 
 # (completions with request_index = row of `prompts`, prompts) -> the scored batch
 ScoreFn = Callable[[list[Completion], Prompts], ScoredRollout]
+# (name, this process's value) -> every process's value, in process order
+ExchangeFn = Callable[[str, Any], list[Any]]
 
 
 @dataclass
@@ -106,12 +108,17 @@ class StreamProducer:
     `replicas`: the run's `ReplicatedRollout` (manual samplers, one process);
     `next_prompts()` the data's next prompt batch and `data_state()` its position (called
     on the producer's thread only); `score` scores a formed batch; `sampling_params(j)`
-    prompt batch j's params."""
+    prompt batch j's params.
+
+    Several processes: each steps its own replicas; at every segment boundary and install
+    the processes `exchange` what their replicas finished and hold (through the
+    coordination service, `rljax.hostsync.exchange_objects`), so every process takes the
+    same decisions and forms the same batches (each scores the whole batch)."""
 
     def __init__(self, replicas, next_prompts: Callable[[], Prompts], data_state: Callable[[], Any], score: ScoreFn,
                  sampling_params: Callable[[int], SamplingParams], batch_size: int, total_batches: int,
                  max_staleness: int, on_stale: str, segment_steps: int, timeout_s: float = 0.0,
-                 main_thread: MainThreadCalls | None = None):
+                 main_thread: MainThreadCalls | None = None, exchange: ExchangeFn | None = None):
         self.replicas = replicas
         self.next_prompts, self.data_state, self.score = next_prompts, data_state, score
         self.sampling_params = sampling_params
@@ -119,9 +126,11 @@ class StreamProducer:
         self.max_staleness, self.on_stale, self.segment_steps = max_staleness, on_stale, segment_steps
         self.timeout_s = timeout_s
         self.main_thread = main_thread
+        self.exchange = exchange or (lambda name, value: [value])
         # the producer thread's state
         self.groups: dict[int, _Group] = {}
-        self.in_flight: list[int] = []
+        self.in_flight: list[int] = []  # every process's groups sampling (this process's have a future)
+        self._oldest: dict[int, int] = {}  # group in flight -> the oldest version among its tokens so far
         self.finished: list[int] = []
         self.version = 0  # installed in the replicas
         self.prompt_batches = 0  # prompt batches admitted
@@ -252,7 +261,9 @@ class StreamProducer:
             self.prompt_batches += 1
 
     def _submit(self, replica: int, pairs: list[tuple[GenerationRequest, _Group]]) -> None:
-        futures = self.replicas.samplers[replica].submit_many([request for request, _ in pairs])
+        """Queue groups on `replica` when this process owns it; every process lists them in flight."""
+        local = replica in self.replicas.samplers
+        futures = self.replicas.samplers[replica].submit_many([r for r, _ in pairs]) if local else [None] * len(pairs)
         for (_, g), future in zip(pairs, futures):
             g.future, g.resume = future, None
             self.in_flight.append(g.gid)
@@ -267,15 +278,21 @@ class StreamProducer:
             self._busy[-1] = (start, time.perf_counter())
             del self._busy[:-16]
         self.segments += 1
-        for gid in sorted(g for g in self.in_flight if self.groups[g].future.done()):
+        done = {gid: [_completion_json(c) for c in self.groups[gid].future.result()] for gid in self.in_flight
+                if self.groups[gid].future is not None and self.groups[gid].future.done()}
+        oldest = {gid: min(v for s in p.samples for v in s.policy_versions)
+                  for gid, p in self._partials().items() if p.num_generated}
+        reports = self.exchange(f"segment/{self.segments}", (done, oldest))
+        for gid in sorted(gid for finished, _ in reports for gid in finished):
             g = self.groups[gid]
-            g.completions = g.future.result()
+            g.completions = [Completion(**c) for finished, _ in reports if gid in finished for c in finished[gid]]
             g.future, g.finish = None, (self.segments, gid)
             self.in_flight.remove(gid)
             self.finished.append(gid)
+        self._oldest = {gid: v for _, part in reports for gid, v in part.items() if gid in self.in_flight}
 
     def _partials(self) -> dict[int, PartialRequest]:
-        """Every group in flight's tokens so far, by group id."""
+        """This process's groups in flight: their tokens so far, by group id."""
         return {int(p.request_id): p for r in self.replicas.local for p in self.replicas.samplers[r].unfinished()}
 
     def _form(self) -> bool:
@@ -283,18 +300,13 @@ class StreamProducer:
         f, s = self.formed, self.max_staleness
         if f >= self.total_batches or len(self.finished) < self.B:
             return False
-        partials = self._partials() if self.in_flight else {}
-
-        def oldest_in_flight(gid: int) -> int:
-            versions = [v for sample in partials[gid].samples for v in sample.policy_versions] if gid in partials else []
-            return min(versions, default=self.version)
-
-        at_risk = [gid for gid in self.in_flight if (f + 1) - oldest_in_flight(gid) > s]
+        at_risk = [gid for gid in self.in_flight if (f + 1) - self._oldest.get(gid, self.version) > s]
         if at_risk and self.on_stale == "wait":
             self._batch_waits = max(self._batch_waits, len(at_risk))
             return False
-        for gid in at_risk:  # drop
-            self.groups[gid].future.cancel()
+        for gid in at_risk:  # drop (each process aborts its own)
+            if self.groups[gid].future is not None:
+                self.groups[gid].future.cancel()
             self.in_flight.remove(gid)
             del self.groups[gid]
         self.dropped += len(at_risk)
@@ -345,13 +357,22 @@ class StreamProducer:
         tokens so far and submitted again as a resumed request (its next step re-prefills
         prompt + tokens under the new weights), exactly what a run resumed from this
         install's snapshot does."""
-        partials = self._partials() if self.in_flight else {}
+        partials = self._all_partials(f"install/{version}")
         for gid in self.in_flight:
-            self.groups[gid].future.cancel()
+            if self.groups[gid].future is not None:
+                self.groups[gid].future.cancel()
         self.replicas.install(states, version)
         self.version = version
         self._resubmit([(self.groups[gid], partials[gid]) for gid in self.in_flight])
-        snap = self._take_snapshot()
+        self._snapshot(version, partials)
+
+    def _all_partials(self, name: str) -> dict[int, PartialRequest]:
+        """Every process's groups in flight, their tokens so far (the same on every process)."""
+        local = {gid: p.to_json() for gid, p in self._partials().items()} if self.in_flight else {}
+        return {gid: PartialRequest.from_json(p) for part in self.exchange(name, local) for gid, p in part.items()}
+
+    def _snapshot(self, version: int, partials: dict[int, PartialRequest]) -> None:
+        snap = self._take_snapshot(partials)
         with self._cv:
             future = self._snapshots.setdefault(version, concurrent.futures.Future())
             future.set_result(snap)
@@ -360,8 +381,7 @@ class StreamProducer:
 
     # ---- checkpoints ---------------------------------------------------------------------
 
-    def _take_snapshot(self) -> dict:
-        partials = self._partials() if self.in_flight else {}
+    def _take_snapshot(self, partials: dict[int, PartialRequest]) -> dict:
         with self._cv:
             batches = {i: f.result() for i, f in self._batches.items() if f.done() and i >= self.version}
         return {
@@ -402,6 +422,8 @@ class StreamProducer:
         for r, pairs in sorted(by_replica.items()):
             self._submit(r, pairs)
         self.in_flight.sort()
+        self._oldest = {g.gid: min(v for s in partial.samples for v in s.policy_versions)
+                        for g, partial in groups if partial is not None and partial.num_generated}
 
 
 def off_policy_metrics(rollout_log_probs: np.ndarray, old_log_probs: np.ndarray, mask: np.ndarray) -> dict[str, float]:

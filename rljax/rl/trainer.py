@@ -37,6 +37,7 @@ from rljax.algos.kl import get_kl_controller
 from rljax.checkpoint import abstract_like
 from rljax.config import ConfigError
 from rljax.data import make_dataset
+from rljax.hostsync import exchange_objects
 from rljax.models.heads import ScalarHeadModel
 from rljax.models.lora import sharing_base
 from rljax.parallel import make_mesh, state_shardings
@@ -146,9 +147,13 @@ class RLTrainer:
             return score_completions(completions, rewards, self.tokenizer, prompts, cfg, 0)
 
         a = cfg.async_
+
+        def exchange(name: str, value):  # several processes: through the coordination service
+            return exchange_objects(f"stream/{name}", value, a.timeout_s, f"the rollout stream's {name}")
+
         return StreamProducer(generation.replicas, lambda: next(self.train_data), self.train_data.get_state, score,
                               cfg.sampling_params, cfg.data.batch_size, cfg.trainer.total_steps, a.max_staleness,
-                              a.on_stale, a.segment_steps, a.timeout_s, generation.replicas.main_thread)
+                              a.on_stale, a.segment_steps, a.timeout_s, generation.replicas.main_thread, exchange)
 
     # ---- one iteration -----------------------------------------------------------------
 
