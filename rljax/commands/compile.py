@@ -19,7 +19,9 @@ says the split, e.g. `trainer.mode=async: 8 of the 16 chips train (mesh {...}), 
 sample (8 replicas x tp=1)`. On several hosts the weight hand-off is two programs: the
 transfer over the union of both sets (`rljax.rollout.cross_transfer.UnionTransfer`'s,
 plan: twice a trainer chip's params, a block in and one out) and the reshard within the
-rollout chips; on one host it is a `jax.device_put` between the sets (no program). After
+rollout chips; on one host it is a `jax.device_put` between the sets (no program). A
+note names what `rljax.rl.async_config.check_processes` refuses for a run of the config
+on the slice's hosts (the programs are compiled all the same). After
 the table, one line per side: its largest program's memory per chip against `rljax
 plan`'s for that side.
 """
@@ -87,7 +89,7 @@ def main(args) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from rljax.commands.train import kind_of
     from rljax.config import ConfigError, load_config, validate
-    from rljax.rl.async_config import split_devices
+    from rljax.rl.async_config import check_processes, split_devices
     from rljax.rl.config import RLConfig
     from rljax.tpu.programs import PROGRAM_KINDS, default_pages, parse_kinds, run_programs, select
     from rljax.tpu.report import compile_run, overflow, render, roofline_programs
@@ -123,6 +125,10 @@ def main(args) -> int:
     if apart:
         print(f"trainer.mode={mode}: {len(train_on)} of the {len(devices)} chips train (mesh {dict(run.mesh.shape)}), "
               f"{len(rollout_on)} sample ({run.layout.num_replicas} replicas x tp={run.layout.tensor_parallel_size})")
+        try:  # what a run of this config on these hosts refuses (the programs are compiled all the same)
+            check_processes(cfg, hosts, len(devices) // hosts)
+        except ConfigError as e:
+            print(f"note: a run on {hosts} hosts stops here today: {e}")
     for note in run.notes:
         print(note)
     chosen = select(run, kinds)
