@@ -10,6 +10,20 @@ that TPU. Printed per program: memory per chip from the compiler next to `rljax 
 formula, and a roofline bound from the compiler's cost (`rljax.tpu.report`, an estimate).
 Exit status 1, with one line per program, when a program does not fit the chip's HBM or
 does not compile. JAX runs on the CPU here (JAX_PLATFORMS=cpu unless set).
+
+An asynchronous `trainer.mode` (one_step_off, async) splits the slice as the run does
+(`rljax.rl.async_config.split_devices`: each host's first `async.rollout_devices` chips
+sample, the rest train): the train steps and batch forwards are compiled on the
+trainer's chips, the sampler's on a replica of the rollout chips, and one more line
+says the split, e.g. `trainer.mode=async: 8 of the 16 chips train (mesh {...}), 8
+sample (8 replicas x tp=1)`. On several hosts the weight hand-off is two programs: the
+transfer over the union of both sets (`rljax.rollout.cross_transfer.UnionTransfer`'s,
+plan: twice a trainer chip's params, a block in and one out) and the reshard within the
+rollout chips; on one host it is a `jax.device_put` between the sets (no program). A
+note names what `rljax.rl.async_config.check_processes` refuses for a run of the config
+on the slice's hosts (the programs are compiled all the same). After
+the table, one line per side: its largest program's memory per chip against `rljax
+plan`'s for that side.
 """
 
 from __future__ import annotations
@@ -45,13 +59,37 @@ def _estimates(cfg, devices: int, hbm_gb: float) -> dict[str, int]:
     if plan.rollout is not None:
         out["decode"] = out["prefill"] = plan.rollout.weights_bytes + plan.rollout.kv_bytes
         out["handoff"] = 2 * plan.rollout.weights_bytes
+    # the union transfer: each chip holds one block of a trainer chip's params in and one out
+    out["transfer"] = 2 * next(nbytes for name, nbytes in plan.rows if name.startswith("params"))
     return out
+
+
+TRAINER_KINDS, ROLLOUT_KINDS = ("train", "forward"), ("prefill", "decode", "handoff")
+
+
+def side_lines(compiled, estimates: dict[str, int], trainer_chips: int, rollout_chips: int) -> list[str]:
+    """Under a split, per side (the trainer's chips: train steps and forwards; the rollout
+    chips: prefill, decode and the reshard into the replicas; the union transfer spans
+    both and is left out): the largest compiled memory per chip and `rljax plan`'s
+    largest estimate among the same programs."""
+    lines = []
+    for side, chips, kinds in (("trainer", trainer_chips, TRAINER_KINDS), ("rollout", rollout_chips, ROLLOUT_KINDS)):
+        mine = [c for c in compiled if c.error is None and c.program.kind in kinds and c.program.estimate != "transfer"]
+        if not mine:
+            continue
+        top = max(mine, key=lambda c: c.peak_bytes)
+        plans = [estimates[c.program.kind] for c in mine if c.program.kind in estimates]
+        plan = f"{max(plans) / 2**30:.3f} GiB" if plans else "no estimate"
+        lines.append(f"{side} chips ({chips}): {top.peak_bytes / 2**30:.3f} GiB per chip compiled "
+                     f"({top.program.name}); rljax plan {plan}")
+    return lines
 
 
 def main(args) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from rljax.commands.train import kind_of
     from rljax.config import ConfigError, load_config, validate
+    from rljax.rl.async_config import check_processes, split_devices
     from rljax.rl.config import RLConfig
     from rljax.tpu.programs import PROGRAM_KINDS, default_pages, parse_kinds, run_programs, select
     from rljax.tpu.report import compile_run, overflow, render, roofline_programs
@@ -69,8 +107,14 @@ def main(args) -> int:
                           "compile with model.lora.rank=0 for an upper bound")
     pages = default_pages(cfg)
     tp = cfg.rollout.tensor_parallel_size
-    replica = slice_devices(sub_slice(tpu, tp)) if 0 < tp < len(devices) else None
-    run = run_programs(cfg, devices, num_pages=pages, all_buckets=args.all_buckets, replica_devices=replica)
+    mode = cfg.trainer.mode
+    split = split_devices(devices, mode, cfg.async_.rollout_devices)
+    apart = mode != "sync"  # the trainer's and the replicas' chips are disjoint
+    train_on = list(split.trainer) if apart else devices
+    rollout_on = list(split.rollout) if apart else None
+    replica = slice_devices(sub_slice(tpu, tp)) if 0 < tp and (apart or tp < len(devices)) else None
+    run = run_programs(cfg, train_on, num_pages=pages, all_buckets=args.all_buckets, replica_devices=replica,
+                       rollout_devices=rollout_on)
     hosts = len({d.process_index for d in devices})
     print(f"rljax compile: {args.config} for {args.num_slices} x {tpu.topology_name} ({len(devices)} chips "
           f"{devices[0].device_kind}, {hosts} hosts; {tpu.chip.hbm_bytes / 2**30:.0f} GiB HBM per chip)")
@@ -78,6 +122,13 @@ def main(args) -> int:
           f"{run.model.num_hidden_layers} layers; KV pool {pages} pages of {cfg.rollout.page_size} tokens"
           + (f"; rollout {run.layout.num_replicas} replicas x tp={run.layout.tensor_parallel_size}" if run.layout
              else ""))
+    if apart:
+        print(f"trainer.mode={mode}: {len(train_on)} of the {len(devices)} chips train (mesh {dict(run.mesh.shape)}), "
+              f"{len(rollout_on)} sample ({run.layout.num_replicas} replicas x tp={run.layout.tensor_parallel_size})")
+        try:  # what a run of this config on these hosts refuses (the programs are compiled all the same)
+            check_processes(cfg, hosts, len(devices) // hosts)
+        except ConfigError as e:
+            print(f"note: a run on {hosts} hosts stops here today: {e}")
     for note in run.notes:
         print(note)
     chosen = select(run, kinds)
@@ -88,9 +139,11 @@ def main(args) -> int:
     estimates = _estimates(cfg, len(devices), tpu.chip.hbm_bytes / 1e9)
     roofline_kinds = tuple(k for k in ("train", "decode") if k in kinds)
     rooflines = None if args.no_roofline or not roofline_kinds else roofline_programs(
-        cfg, devices, tpu.chip, pages, kinds=roofline_kinds, replica_devices=replica)
+        cfg, train_on, tpu.chip, pages, kinds=roofline_kinds, replica_devices=replica, rollout_devices=rollout_on)
     replicas = run.layout.num_replicas if run.layout else 1
     print("\n".join(["", *render(compiled, tpu.chip, estimates, rooflines, replicas)]))
+    if apart:
+        print("\n".join(["", *side_lines(compiled, estimates, len(train_on), len(rollout_on))]))
     problems = overflow(compiled, tpu.chip)
     for line in problems:
         print(f"rljax compile: {line}", file=sys.stderr)

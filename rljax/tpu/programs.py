@@ -5,7 +5,9 @@ The functions are the run's own: the train step of `rljax.rl.learner.learner_upd
 forwards of `rljax.rl.forwards.BatchForwards` (old / reference log-probs, exact KL,
 values), the sampler's prefill and decode programs of
 `rljax.rollout.device_step.make_programs` (one replica of the rollout layout, at the
-largest buckets the scheduler uses) and the weight hand-off's reshard. Only the
+largest buckets the scheduler uses) and the weight hand-off's reshard (with the rollout
+devices apart from the trainer's on several hosts, first the transfer program over the
+union of both sets, `rljax.rollout.cross_transfer.UnionTransfer`'s). Only the
 arguments are new: `jax.ShapeDtypeStruct`s with the shardings a run gives its arrays, on
 `devices` (e.g. a TPU topology's, `rljax.tpu.topology`). Nothing is allocated.
 
@@ -26,7 +28,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rljax.algos.registry import get_adv_estimator
 from rljax.models import DTypePolicy, ModelConfig, init_model, read_config
@@ -84,6 +86,7 @@ class Program:
     mesh: Any  # the mesh active while it is traced (a replica's for the sampler)
     kernel_bytes: float = 0.0
     kernel_flops: float = 0.0
+    estimate: str = ""  # the key of `rljax plan`'s per-chip estimate for it (`rljax compile`); "": `kind`
 
     def lower(self):
         # the abstract mesh only (what `constrain` and the kernels' shard_map read): a concrete TPU mesh
@@ -148,13 +151,20 @@ class RunPrograms:
 
 def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = None, num_pages: int,
                  single_micro_batch: bool = False, num_scheduler_steps: int | None = None,
-                 all_buckets: bool = False, replica_devices: list | None = None) -> RunPrograms:
+                 all_buckets: bool = False, replica_devices: list | None = None,
+                 rollout_devices: list | None = None) -> RunPrograms:
     """The run's programs on `devices`. `config` replaces the model's (e.g. fewer layers,
     for the roofline's per-layer costs); `num_pages` sizes each sampler's KV pool;
     `single_micro_batch` compiles the train steps with one micro-batch per mini-batch and
     `num_scheduler_steps` overrides the decode loop (both for the roofline).
     `replica_devices` (tp of them) are where one replica's sampler programs are compiled
-    (default: the layout's first replica; see `rljax.tpu.topology.sub_slice`)."""
+    (default: the layout's first replica; see `rljax.tpu.topology.sub_slice`).
+    `rollout_devices`, disjoint from `devices` (an asynchronous `trainer.mode`'s share,
+    `rljax.rl.async_config.split_devices`): the replicas' layout is built over them, the
+    training mesh over `devices`; the hand-off is then, on several hosts, the transfer
+    program over the union of both sets followed by the reshard within the rollout
+    devices, and on one host (a `jax.device_put` between the two sets, no program) none.
+    Default: the replicas share `devices` (`trainer.mode: sync`)."""
     model = config or model_config(cfg)
     section, a, r = cfg.model, cfg.actor, cfg.rollout
     policy = DTypePolicy(section.param_dtype, section.compute_dtype)
@@ -236,8 +246,9 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
     layout = None
     if r.tensor_parallel_size:
         tp = r.tensor_parallel_size
-        dp = r.data_parallel_size or len(devices) // tp
-        ordered = sorted(devices, key=lambda d: (d.process_index, d.id))[: dp * tp]
+        samplers = devices if rollout_devices is None else rollout_devices
+        dp = r.data_parallel_size or len(samplers) // tp
+        ordered = sorted(samplers, key=lambda d: (d.process_index, d.id))[: dp * tp]
         layout = ReplicaLayout.create(ordered, tp, dp, r.allow_cross_host_replicas)
         sampler_mesh = layout.replicas[0]
         if replica_devices is not None:  # the same replica mesh, built by the same code, on other chips
@@ -247,9 +258,21 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
         sampler_state = _abstract(params, state_shardings(params, sampler_mesh))
         targets = state_shardings(params, layout.mesh)
         handoff = jax.jit(lambda p: p, out_shardings=targets)
-        sources = jax.tree.map(_reshard_source, param_shardings, targets)
-        programs.append(Program(f"weight hand-off (training layout -> {dp} replicas x tp={tp})", "handoff", handoff,
-                                (_abstract(params, sources),), 0, 0.0, len(devices), layout.mesh))
+        if rollout_devices is None:
+            sources = jax.tree.map(_reshard_source, param_shardings, targets)
+            programs.append(Program(f"weight hand-off (training layout -> {dp} replicas x tp={tp})", "handoff",
+                                    handoff, (_abstract(params, sources),), 0, 0.0, len(devices), layout.mesh))
+        elif len({d.process_index for d in (*devices, *rollout_devices)}) > 1:
+            transfer, mirror = union_transfer(params, param_shardings, mesh, rollout_devices)
+            programs.append(transfer)
+            sources = jax.tree.map(lambda s, t: _reshard_source(NamedSharding(mirror, s.spec), t), param_shardings,
+                                   targets)
+            programs.append(Program(f"weight hand-off (trainer layout on the rollout chips -> {dp} replicas x "
+                                    f"tp={tp})", "handoff", handoff, (_abstract(params, sources),), 0, 0.0,
+                                    len(rollout_devices), layout.mesh))
+        else:
+            notes.append("one host: the weights cross from the trainer's chips to the rollout chips by a "
+                         "jax.device_put between the two sets (no program to compile)")
     else:
         sampler_mesh = mesh
         sampler_state = abstract_params
@@ -258,6 +281,25 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
     programs += sampler_programs(graphdef, sampler_state, sampler, model, num_pages, sampler_mesh, policy.compute,
                                  all_buckets)
     return RunPrograms(programs, mesh, layout, num_pages, model, notes)
+
+
+def union_transfer(params, shardings, mesh: Mesh, rollout_devices: list) -> tuple[Program, Mesh]:
+    """The program that moves the trainer's weights (`params`, laid out by `shardings`
+    on `mesh`) onto the disjoint `rollout_devices` on several hosts: the one
+    `rljax.rollout.cross_transfer.UnionTransfer` runs, over its union mesh `[role = 2,
+    *mesh.shape]`, each leaf a `[2, ...]` array sharded `P("role", *spec)` whose row 0
+    is copied onto row 1. Also returns the mirror mesh (the rollout devices arranged like
+    `mesh`), where the transferred weights land."""
+    from rljax.rollout.cross_transfer import UnionTransfer, _copy_row0
+
+    cross = UnionTransfer(mesh, rollout_devices)  # meshes only: nothing is allocated
+    leaves = jax.tree.leaves(params)
+    stacked = [jax.ShapeDtypeStruct((2, *x.shape), x.dtype, sharding=NamedSharding(cross.union, P("role", *s.spec)))
+               for x, s in zip(leaves, jax.tree.leaves(shardings))]
+    fn = jax.jit(_copy_row0, out_shardings=[x.sharding for x in stacked])
+    chips = cross.union.devices.size
+    return Program(f"weight transfer (trainer chips -> rollout chips, one program over the union of {chips} chips)",
+                   "handoff", fn, (stacked,), 0, 0.0, chips, cross.union, estimate="transfer"), cross.mirror
 
 
 def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model: ModelConfig, num_pages: int,

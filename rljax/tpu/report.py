@@ -115,17 +115,19 @@ def roofline(program: Program, zero: Compiled, one: Compiled, layers: int, chip:
 
 
 def roofline_programs(cfg, devices, chip: Chip, num_pages: int, kinds=("train", "decode"),
-                      replica_devices: list | None = None) -> list[Roofline]:
+                      replica_devices: list | None = None, rollout_devices: list | None = None) -> list[Roofline]:
     """Rooflines of the run's first program of each of `kinds` (the actor's train step,
-    the decode step), measured on 0- and 1-layer builds of the same run."""
+    the decode step), measured on 0- and 1-layer builds of the same run
+    (`run_programs`' `devices`, `replica_devices` and `rollout_devices`)."""
     from rljax.tpu.programs import model_config
 
     model = model_config(cfg)
     builds = [run_programs(cfg, devices, config=dataclasses.replace(model, num_hidden_layers=n), num_pages=num_pages,
-                           single_micro_batch=True, num_scheduler_steps=1, replica_devices=replica_devices)
+                           single_micro_batch=True, num_scheduler_steps=1, replica_devices=replica_devices,
+                           rollout_devices=rollout_devices)
               for n in (0, 1)]
     full = run_programs(cfg, devices, num_pages=num_pages, single_micro_batch=True, num_scheduler_steps=1,
-                        replica_devices=replica_devices)
+                        replica_devices=replica_devices, rollout_devices=rollout_devices)
     out = []
     for kind in kinds:
         index = next((i for i, p in enumerate(full.programs) if p.kind == kind), None)
@@ -140,7 +142,8 @@ def roofline_programs(cfg, devices, chip: Chip, num_pages: int, kinds=("train", 
 
 def render(compiled: list[Compiled], chip: Chip, estimates: dict[str, int] | None = None,
            rooflines: list[Roofline] | None = None, replicas: int = 1) -> list[str]:
-    """The table: per-chip memory from the compiler (and plan's formula where it has one)."""
+    """The table: per-chip memory from the compiler (and plan's formula where it has one:
+    `estimates` keyed by `Program.estimate`, else by its kind)."""
     estimates = estimates or {}
     width = max(len(c.program.name) for c in compiled) + 2
     lines = [f"{'program':<{width}}{'compiled GiB':>13}{'plan GiB':>10}{'args':>8}{'temp':>8}{'compile s':>10}"]
@@ -149,7 +152,7 @@ def render(compiled: list[Compiled], chip: Chip, estimates: dict[str, int] | Non
         if c.error:
             lines.append(f"{name:<{width}}{'FAILED':>13}  {c.error}")
             continue
-        est = estimates.get(c.program.kind)
+        est = estimates.get(c.program.estimate or c.program.kind)
         lines.append(f"{name:<{width}}{c.peak_bytes / GiB:>13.3f}{'' if est is None else f'{est / GiB:.3f}':>10}"
                      f"{c.argument_bytes / GiB:>8.3f}{c.temp_bytes / GiB:>8.3f}{c.seconds:>10.1f}")
     if rooflines:

@@ -295,9 +295,66 @@ def test_compile_command_compiles_only_the_kinds_named(capsys):
     out = capsys.readouterr().out
     rows = out[out.index("\nprogram "):].strip().splitlines()[1:]
     assert len(rows) == 1 and rows[0].startswith("weight hand-off (training layout -> 4 replicas x tp=2)"), out
-    assert "roofline" not in out
+    assert "roofline" not in out and "trainer.mode" not in out and "chips (" not in out  # sync: no split
     # without replicas the sampler reads the trainer's arrays: there is no hand-off to compile
     assert main(["compile", QUICKSTART, "rollout.tensor_parallel_size=0", "--topology", "v5e-8",
                  "--programs", "handoff"]) == 1
     assert "--programs handoff: this run has no program of those kinds (it has train, forward, prefill, decode)" \
         in capsys.readouterr().err
+
+
+@needs_libtpu
+def test_async_compile_splits_the_slice_and_compiles_the_union_transfer(capsys):
+    # v5p-16: 8 chips on 2 hosts of 4; async.rollout_devices 0 gives each host's first 2 chips (by id) to the
+    # rollout, its last 2 to the trainer: 4 train (fsdp 4), 4 sample in replicas of tp=1
+    from rljax.cli import main
+
+    assert main(["compile", QUICKSTART, "trainer.mode=async", "rollout.tensor_parallel_size=1", "--topology", "v5p-16",
+                 "--programs", "train,handoff,decode", "--no-roofline"]) == 0
+    out = capsys.readouterr().out
+    assert "trainer.mode=async: 4 of the 8 chips train (mesh {'data': 1, 'fsdp': 4, 'tensor': 1}), " \
+           "4 sample (4 replicas x tp=1)\n" in out, out
+    # the run itself refuses async on several processes today: the compile says so and compiles all the same
+    assert "note: a run on 2 hosts stops here today: trainer.mode=async: one process only for now" in out
+    rows = out[out.index("\nprogram "):].strip().splitlines()[1:]
+    names = [r.split("  ")[0] for r in rows[:4]]
+    assert names == ["actor train step [256x40, 1 micro]",
+                     "weight transfer (trainer chips -> rollout chips, one program over the union of 8 chips)",
+                     "weight hand-off (trainer layout on the rollout chips -> 4 replicas x tp=1)",
+                     "decode [128x1 x 4 steps, W=5, reference attention]"], out
+    assert "FAILED" not in out
+    assert rows[-2].startswith("trainer chips (4): ") and "rljax plan" in rows[-2]
+    assert rows[-1].startswith("rollout chips (4): ")
+
+    # the programs' chips: the train step on ids 2, 3, 6, 7; the transfer over all 8, row 0 the trainer's, each
+    # paired with a rollout chip of its host; decode on one replica (its own 1-chip topology)
+    cfg = load_config(RLConfig, QUICKSTART, ["trainer.mode=async", "rollout.tensor_parallel_size=1"])
+    tpu = parse_slice("v5p-16")
+    devices = slice_devices(tpu)
+    from rljax.rl.async_config import split_devices
+
+    split = split_devices(devices, "async", 0)
+    run = run_programs(cfg, list(split.trainer), num_pages=default_pages(cfg),
+                       replica_devices=slice_devices(sub_slice(tpu, 1)), rollout_devices=list(split.rollout))
+    train, transfer, reshard = run.programs[0], run.programs[2], run.programs[3]
+    assert train.kind == "train" and sorted(d.id for d in train.mesh.devices.flat) == [2, 3, 6, 7]
+    assert transfer.estimate == "transfer" and transfer.mesh.axis_names[0] == "role"
+    trainer_row, rollout_row = transfer.mesh.devices[0].flat, transfer.mesh.devices[1].flat
+    assert sorted(d.id for d in trainer_row) == [2, 3, 6, 7] and sorted(d.id for d in rollout_row) == [0, 1, 4, 5]
+    assert all(a.process_index == b.process_index for a, b in zip(trainer_row, rollout_row))
+    assert sorted(d.id for d in reshard.mesh.devices.flat) == [0, 1, 4, 5]
+    assert run.programs[-1].kind == "decode" and run.programs[-1].devices == 1
+
+
+@needs_libtpu
+def test_async_compile_on_one_host_says_the_split_and_has_no_transfer_program(capsys):
+    from rljax.cli import main
+
+    assert main(["compile", QUICKSTART, "trainer.mode=one_step_off", "rollout.tensor_parallel_size=1",
+                 "--topology", "v5e:2x2", "--programs", "handoff"]) == 1
+    captured = capsys.readouterr()
+    assert "trainer.mode=one_step_off: 2 of the 4 chips train (mesh {'data': 1, 'fsdp': 2, 'tensor': 1}), " \
+           "2 sample (2 replicas x tp=1)\n" in captured.out
+    assert "one host: the weights cross from the trainer's chips to the rollout chips by a jax.device_put" \
+        in captured.out
+    assert "--programs handoff: this run has no program of those kinds" in captured.err
