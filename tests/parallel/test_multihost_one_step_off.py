@@ -104,7 +104,11 @@ def test_two_processes_like_one_killed_and_resumed(tmp_path, monkeypatch, mode):
         assert [sorted(set(r["versions"])) for r in one] == [[0], [0], [1]]  # step k trains what v_(k-1) sampled
     for p in (0, 1):
         runs = read_samples(os.path.join(run2, f"samples.{p}.jsonl"))
-        # the killed run trained step 1 (then saved, with step 2's batch pending); the resumed one steps 2 and 3
+        # the killed run trained step 1 (then saved, with step 2's batch pending; async: a process may have trained
+        # step 2 too before the kill reached it); the resumed run trains steps 2 and 3: keep each step's last record
+        if mode == "one_step_off":
+            assert [r["step"] for r in runs] == [1, 2, 3], p
+        runs = list({r["step"]: r for r in runs}.values())
         assert [r["step"] for r in runs] == [1, 2, 3], p
         diff = 0.0
         for a, b in zip(one, runs):
