@@ -315,7 +315,7 @@ def test_async_compile_splits_the_slice_and_compiles_the_union_transfer(capsys):
     assert "trainer.mode=async: 4 of the 8 chips train (mesh {'data': 1, 'fsdp': 4, 'tensor': 1}), " \
            "4 sample (4 replicas x tp=1)\n" in out, out
     # the run itself refuses async on several processes today: the compile says so and compiles all the same
-    assert "note: a run on 2 hosts stops here today: trainer.mode=async: one process only for now" in out
+    assert "note: a run on 2 hosts stops here today: data.val_files: trainer.mode=async validates on the trainer's" in out
     rows = out[out.index("\nprogram "):].strip().splitlines()[1:]
     names = [r.split("  ")[0] for r in rows[:4]]
     assert names == ["actor train step [256x40, 1 micro]",
