@@ -147,8 +147,6 @@ class StreamProducer:
         self._stop = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._pool = concurrent.futures.ThreadPoolExecutor(max(1, len(replicas.local)),
-                                                           thread_name_prefix="rljax-stream")
 
     # ---- the trainer's side --------------------------------------------------------------
 
@@ -194,7 +192,6 @@ class StreamProducer:
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=60)
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _future(self, table: dict, key: int) -> concurrent.futures.Future:
         with self._cv:
@@ -273,7 +270,7 @@ class StreamProducer:
         with self._cv:
             self._busy.append((start, None))
         busy = {r for r in self.replicas.local if any(self.groups[g].replica == r for g in self.in_flight)}
-        list(self._pool.map(lambda r: self.replicas.samplers[r].step(self.segment_steps), sorted(busy)))
+        on_threads([lambda r=r: self.replicas.samplers[r].step(self.segment_steps) for r in sorted(busy)])
         with self._cv:
             self._busy[-1] = (start, time.perf_counter())
             del self._busy[:-16]
@@ -424,6 +421,29 @@ class StreamProducer:
         self.in_flight.sort()
         self._oldest = {g.gid: min(v for s in partial.samples for v in s.policy_versions)
                         for g, partial in groups if partial is not None and partial.num_generated}
+
+
+def on_threads(calls: list[Callable[[], Any]]) -> list[Any]:
+    """Run `calls` at once, one daemon thread each (a replica stuck in a step must not keep
+    the interpreter from exiting), and return their results; the first error is raised."""
+    results: list[Any] = [None] * len(calls)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except BaseException as e:  # noqa: BLE001 - raised on the calling thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True, name="rljax-stream-replica")
+               for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 def off_policy_metrics(rollout_log_probs: np.ndarray, old_log_probs: np.ndarray, mask: np.ndarray) -> dict[str, float]:
