@@ -138,9 +138,11 @@ class Generation:
         self._score_lock = threading.Lock()
         if r.tensor_parallel_size:
             layout = rollout_layout(cfg)
-            manual = cfg.trainer.mode == "async"  # the stream producer steps the replicas' engines itself
-            self.replicas = ReplicatedRollout(decoder, layout, lambda model: make_sampler(cfg, model, manual),
-                                              r.response_length, cross_transfer(mesh, layout))
+            if cfg.trainer.mode == "async":  # the stream producer steps the replicas' engines itself
+                make = lambda model: make_sampler(cfg, model, manual=True)  # noqa: E731
+            else:
+                make = lambda model: make_sampler(cfg, model)  # noqa: E731
+            self.replicas = ReplicatedRollout(decoder, layout, make, r.response_length, cross_transfer(mesh, layout))
         else:
             self.sampler = make_sampler(cfg, decoder)
 
