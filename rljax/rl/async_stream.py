@@ -78,15 +78,14 @@ class _Group:
         return min(v for c in self.completions for v in c.policy_versions)
 
     def to_json(self, partial: PartialRequest | None) -> dict:
-        return {"gid": self.gid, "batch": self.batch, "row": self.row, "params": dataclasses.asdict(self.params),
+        return {"gid": self.gid, "batch": self.batch, "row": self.row, "params": self.params.to_json(),
                 "replica": self.replica, "finish": None if self.finish is None else list(self.finish),
                 "completions": None if self.completions is None else [_completion_json(c) for c in self.completions],
                 "partial": None if partial is None else partial.to_json()}
 
     @staticmethod
     def from_json(d: dict) -> "_Group":
-        params = SamplingParams(**{**d["params"], "stop_token_ids": tuple(d["params"]["stop_token_ids"])})
-        g = _Group(d["gid"], d["batch"], d["row"], params, d["replica"])
+        g = _Group(d["gid"], d["batch"], d["row"], SamplingParams.from_json(d["params"]), d["replica"])
         g.finish = None if d["finish"] is None else tuple(d["finish"])
         g.completions = None if d["completions"] is None else [Completion(**c) for c in d["completions"]]
         g.resume = None if d["partial"] is None else PartialRequest.from_json(d["partial"])

@@ -79,6 +79,14 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON values (`from_json` inverts)."""
+        return {**dataclasses.asdict(self), "stop_token_ids": list(self.stop_token_ids)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SamplingParams:
+        return cls(**{**d, "stop_token_ids": tuple(d["stop_token_ids"])})
+
 
 @dataclass
 class PartialSample:
@@ -126,8 +134,7 @@ class PartialRequest:
                              f"{self.sampling_params.n - 1} in order, got {[s.sample_index for s in self.samples]}")
 
     def to_json(self) -> dict[str, Any]:
-        params = dataclasses.asdict(self.sampling_params)
-        params["stop_token_ids"] = list(params["stop_token_ids"])
+        params = self.sampling_params.to_json()
         return {
             "request_id": self.request_id,
             "prompt_token_ids": [int(t) for t in self.prompt_token_ids],
@@ -140,12 +147,10 @@ class PartialRequest:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PartialRequest:
-        params = dict(d["sampling_params"])
-        params["stop_token_ids"] = tuple(params["stop_token_ids"])
         return cls(
             request_id=d["request_id"],
             prompt_token_ids=list(d["prompt_token_ids"]),
-            sampling_params=SamplingParams(**params),
+            sampling_params=SamplingParams.from_json(d["sampling_params"]),
             samples=[PartialSample(s["sample_index"], list(s["token_ids"]), list(s["log_probs"]),
                                    list(s["policy_versions"]), s["finish_reason"]) for s in d["samples"]],
         )
