@@ -64,7 +64,8 @@ class RolloutCorrectionConfig:
     so IS weights are not applied; rejections are); `reinforce` uses the REINFORCE loss
     with the IS weights. Rejections zero the policy-gradient term only; its denominator is
     that of the unrejected mini-batch (as verl, whose global token count is taken before
-    the loss), so a rejected token dilutes instead of vanishing.
+    the loss), so a rejected token dilutes instead of vanishing. The asynchronous trainer
+    modes default to it with `ppo_clip` (`rljax.rl.presets.MODE_PRESETS`).
 
     Names and semantics follow verl (`RolloutCorrectionConfig`, `rollout_corr_helper`);
     `rollout_is: geometric`, `rollout_is_mode` and `rollout_token_veto_threshold` come from
@@ -80,7 +81,9 @@ class RolloutCorrectionConfig:
     rollout_rs: str | None = None  # e.g. "token_k1", "seq_mean_k3,seq_max_k2"; null: no rejection
     rollout_rs_threshold: str | float | None = None  # one spec or one per rollout_rs option ("0.5_2.0", 2.0)
     rollout_token_veto_threshold: float | None = None  # e.g. 1e-4; null: no veto
-    bypass_mode: bool = False  # two policies: old log-probs are the sampler's, corrected inside the loss
+    # two policies: old log-probs are the sampler's, corrected inside the loss (the default of
+    # trainer.mode one_step_off / async when nothing under algorithm.rollout_correction is set)
+    bypass_mode: bool = False
     loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"  # bypass mode only
 
     def __post_init__(self) -> None:

@@ -117,14 +117,18 @@ class RLConfig:
     def defaults_for(cls, raw: dict) -> RLConfig | None:
         """The config the keys absent from `raw` (a YAML mapping with its overrides) take
         their values from: the dataclass defaults under the preset of `raw`'s
-        `trainer.algorithm` (`rljax.rl.presets`; unset: `grpo`). None for a name without a
-        preset (`check` then names the valid ones). Called by `rljax.config.from_dict`."""
+        `trainer.algorithm` (`rljax.rl.presets`; unset: `grpo`) and, when `raw` sets nothing
+        under `algorithm.rollout_correction`, that of its `trainer.mode`. None for a name
+        without a preset (`check` then names the valid ones). Called by
+        `rljax.config.from_dict`."""
         base = cls()
-        trainer = raw.get("trainer")
-        name = trainer.get("algorithm", base.trainer.algorithm) if isinstance(trainer, dict) else base.trainer.algorithm
+        trainer = raw.get("trainer") if isinstance(raw.get("trainer"), dict) else {}
+        name = trainer.get("algorithm", base.trainer.algorithm)
         if not isinstance(name, str) or name not in PRESETS:
             return None
-        return from_dict(cls, preset_tree(name), base=base)
+        algorithm = raw.get("algorithm") if isinstance(raw.get("algorithm"), dict) else {}
+        mode = None if algorithm.get("rollout_correction") else trainer.get("mode")
+        return from_dict(cls, preset_tree(name, mode if isinstance(mode, str) else None), base=base)
 
     def check(self) -> None:
         """What needs more than one section (run by `rljax.config.check_config` after every

@@ -15,6 +15,10 @@ The keys a preset sets are the method's (advantage estimator, policy loss, loss
 aggregation, clip range, KL terms, DAPO's dynamic sampling and overlong shaping); sizes
 (batch sizes, `rollout.n`, lengths) and optimizer settings stay the user's. `grpo`,
 `RLConfig`'s default algorithm, is exactly the dataclass defaults.
+
+`MODE_PRESETS` do the same per `trainer.mode` for the off-policy correction, under a config
+that sets no key of `algorithm.rollout_correction` (any key there is the user's choice of
+correction, and the whole section is then the user's).
 """
 
 from __future__ import annotations
@@ -74,11 +78,23 @@ PRESETS: dict[str, Mapping[str, Any]] = {
 }
 
 
-def preset_tree(name: str) -> dict[str, Any]:
-    """The preset of algorithm `name` as a nested mapping (`{"actor": {"clip_ratio_high": 0.28}}`),
-    the shape `rljax.config.from_dict` reads; {} for a name without one."""
+# trainer.mode -> the defaults of a config that sets nothing under `algorithm.rollout_correction`.
+# The asynchronous modes train on samples of an older policy (the behaviour policy); PPO's
+# ratio is taken against it, clipped (bypass mode: the old log-probs are the sampler's), as
+# PipelineRL and prime-rl do. On the quickstart this learns as sync does where the trainer's
+# recomputed old log-probs without a correction learn less (docs/async.md, learning table).
+MODE_PRESETS: dict[str, Mapping[str, Any]] = {
+    "one_step_off": {"algorithm.rollout_correction.bypass_mode": True},
+    "async": {"algorithm.rollout_correction.bypass_mode": True},
+}
+
+
+def preset_tree(name: str, mode: str | None = None) -> dict[str, Any]:
+    """The preset of algorithm `name`, then that of trainer mode `mode` (None: none), as a
+    nested mapping (`{"actor": {"clip_ratio_high": 0.28}}`), the shape
+    `rljax.config.from_dict` reads; {} for names without one."""
     tree: dict[str, Any] = {}
-    for dotted, value in PRESETS.get(name, {}).items():
+    for dotted, value in {**PRESETS.get(name, {}), **MODE_PRESETS.get(mode, {})}.items():
         *sections, key = dotted.split(".")
         node = tree
         for section in sections:

@@ -94,7 +94,8 @@ def test_max_staleness_0_trains_what_sync_trains(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     (tmp_path / "async").mkdir()
     trainer = RLTrainer(make_config(tmp_path / "async", *common, *ASYNC[:1], "async.rollout_devices=4",
-                                    "async.max_staleness=0", "async.segment_steps=2"))
+                                    "async.max_staleness=0", "async.segment_steps=2",
+                                    "algorithm.rollout_correction.bypass_mode=false"))
     record_trained(trainer, tmp_path / "async.jsonl")
     history = trainer.fit()
     assert read_jsonl(tmp_path / "async.jsonl") == read_jsonl(tmp_path / "sync.jsonl")

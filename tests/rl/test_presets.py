@@ -147,3 +147,29 @@ def test_config_show_prints_the_resolved_values(capsys, tmp_path):
     path.write_text("trainer: {algorithm: ppo}\n")
     assert cli.main(["config", "show", str(path)]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["algorithm"]["adv_estimator"] == "gae"
+
+
+ASYNC_SPLIT = ["rollout.tensor_parallel_size=1", "async.rollout_devices=1"]
+
+
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+def test_asynchronous_modes_default_to_ppo_clip_against_the_behaviour_policy(mode):
+    # the old log-probs are the sampler's (bypass mode), PPO's clipped ratio against them
+    cfg = load_config(RLConfig, None, [f"trainer.mode={mode}", *ASYNC_SPLIT])
+    corr = cfg.algorithm.rollout_correction
+    assert corr.bypass_mode is True and corr.loss_type == "ppo_clip" and corr.rollout_is is None
+    assert load_config(RLConfig, None, ["trainer.mode=sync"]).algorithm.rollout_correction.bypass_mode is False
+
+
+@pytest.mark.parametrize("keys", [["algorithm.rollout_correction.rollout_is=token"],
+                                  ["algorithm.rollout_correction.bypass_mode=false"]])
+def test_any_rollout_correction_key_leaves_the_mode_default_out(keys):
+    # decoupled PPO (trainer-recomputed old log-probs with IS weights), or no correction, as written
+    cfg = load_config(RLConfig, None, ["trainer.mode=async", *ASYNC_SPLIT, *keys])
+    assert cfg.algorithm.rollout_correction.bypass_mode is False
+
+
+def test_the_mode_default_sits_under_the_algorithm_preset():
+    cfg = load_config(RLConfig, None, ["trainer.algorithm=dapo", "trainer.mode=one_step_off", *ASYNC_SPLIT,
+                                       "algorithm.filter_groups.enable=false"])
+    assert cfg.actor.clip_ratio_high == 0.28 and cfg.algorithm.rollout_correction.bypass_mode is True
