@@ -29,9 +29,13 @@ sleep, which takes no core, so the overlap shows on a small CPU machine. In asyn
 step's generation is the time the replicas ran segments during it (`async/sampler_idle_fraction`). Per mode the
 summary compares the step time with gen + train (what a sync step costs) and with the
 ideal overlap max(gen, train): `speedup` = (gen + train) / step, `ideal` = (gen + train) /
-max(gen, train), averaged over the steps after the first `--skip` (compilation) but the
-last (which has no next rollout to overlap with); `vs_sync` is the sync step time over
-the mode's, when both ran.
+max(gen, train), averaged over the steps after the first `--skip` (compilation) but those
+whose sampler compiled a program (a resumed partial rollout re-prefills at new bucket
+sizes) and the last (which has no next rollout to overlap with); `vs_sync` is the sync
+step time over the mode's, when both ran. Each mode runs with its default off-policy
+correction (`rljax.rl.presets.MODE_PRESETS`): the asynchronous modes take the sampler's
+log-probs as the old ones, so their steps have no old-log-prob forward and `vs_sync`
+counts that saving along with the overlap.
 """
 
 from __future__ import annotations
@@ -102,6 +106,8 @@ def build_config(args, run_dir: str, mode: str = "sync"):
                                 experiment_name="bench_step", logger=["jsonl"], async_save=False,
                                 resume_mode="disable", save_freq=0, mode=mode),
         async_=AsyncConfig(rollout_devices=4, max_staleness=args.max_staleness),  # one replica of one device
+        # the mode's default off-policy correction, as a YAML config resolves it (rljax.rl.presets)
+        algorithm=RLConfig.defaults_for({"trainer": {"mode": mode}}).algorithm,
     )
 
 
@@ -129,12 +135,16 @@ def sampler_engines(trainer) -> list:
 
 
 def summary(mode: str, rows: list[dict], skip: int) -> dict:
-    """Mean step, generation and training seconds of `rows` after the first `skip`; the
+    """Mean step, generation and training seconds of `rows` after the first `skip`, less
+    the steps whose sampler compiled a program (`sampler_programs` grew) and the last; the
     training is the step less the rollout (sync: its generation; one_step_off: the wait
     for it) and the weight update; speedup and ideal as in the module docstring."""
     import numpy as np
 
-    kept = rows[skip:-1] if len(rows) > skip + 1 else rows  # the last step has no next rollout to overlap
+    compiled = {i for i in range(1, len(rows))
+                if rows[i].get("sampler_programs", 0) > rows[i - 1].get("sampler_programs", 0)}
+    kept = [r for i, r in enumerate(rows[:-1]) if i >= skip and i not in compiled]  # the last: no next rollout
+    kept = kept or rows
     for r in kept:
         if mode == "async":  # the replicas' busy share of the step
             r["gen"] = r["step"] * (1.0 - r["sampler_idle"])

@@ -61,3 +61,19 @@ def test_summary_of_an_async_run_takes_generation_from_the_sampler_idle_share():
                                           "2", "--engine-step-ms", "5"])
     cfg = step.build_config(args, "/tmp/unused", "async")
     assert cfg.trainer.mode == "async" and cfg.async_.max_staleness == 2 and args.engine_step_ms == 5
+
+
+def test_steps_that_compiled_a_sampler_program_are_left_out():
+    # the row at index 2 compiled (5 -> 7 programs): a resumed rollout's new prefill bucket
+    rows_ = rows("one_step_off", [(99, 9, 9, 0, 0, 0), (1.6, 1.0, 0.1, 0.0, 0.0, 0.0), (8.0, 6.0, 6.5, 0.0, 0.0, 0.0),
+                                  (1.8, 1.0, 0.3, 0.0, 0.0, 0.0), (5, 1, 4, 0, 0.8, 0.8)])
+    for r, programs in zip(rows_, [5, 5, 7, 7, 7]):
+        r["sampler_programs"] = programs
+    s = step.summary("one_step_off", rows_, 1)
+    assert s["steps"] == 2 and s["step"] == pytest.approx(1.7) and s["train"] == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("mode,bypass", [("sync", False), ("one_step_off", True), ("async", True)])
+def test_each_mode_runs_with_its_default_correction(mode, bypass):
+    args = cli.build_parser().parse_args(["bench", "step", "--model", "tiny", "--mode", mode])
+    assert step.build_config(args, "/tmp/unused", mode).algorithm.rollout_correction.bypass_mode is bypass
