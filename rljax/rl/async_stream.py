@@ -457,3 +457,17 @@ def off_policy_metrics(rollout_log_probs: np.ndarray, old_log_probs: np.ndarray,
     log_r = (np.asarray(old_log_probs, np.float64) - np.asarray(rollout_log_probs, np.float64))[m]
     return {"async/off_policy_kl": float(np.mean(np.exp(log_r) - log_r - 1.0)),
             "async/off_policy_kl_k1": float(np.mean(-log_r))}
+
+
+def update_off_policy_metrics(update_metrics: dict[str, float]) -> dict[str, float]:
+    """`async/off_policy_kl` and `_k1` when the old log-probs are the sampler's (bypass
+    mode: no proximal policy is recomputed, so `off_policy_metrics` would read 0). The
+    actor's loss measures the same two quantities against the policy it trains,
+    `rollout_corr/k3_kl` and `rollout_corr/kl` (`rljax.algos.rollout_correction.
+    compute_offpolicy_metrics`), averaged over the update's micro-batches: in its first
+    mini-batch that policy is the proximal one. {} where the loss measured nothing (no
+    rollout correction)."""
+    if "rollout_corr/k3_kl" not in update_metrics:
+        return {}
+    return {"async/off_policy_kl": update_metrics["rollout_corr/k3_kl"],
+            "async/off_policy_kl_k1": update_metrics["rollout_corr/kl"]}

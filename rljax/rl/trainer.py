@@ -46,7 +46,7 @@ from rljax.rl.agent_rollout import agent_config
 from rljax.rl.async_config import run_split
 from rljax.rl.async_producer import (OneStepOffProducer, rollout_from_json, rollout_to_json,
                                      staleness_metrics)
-from rljax.rl.async_stream import StreamProducer, off_policy_metrics
+from rljax.rl.async_stream import StreamProducer, off_policy_metrics, update_off_policy_metrics
 from rljax.rl.batch import BatchFields, StepBatch, build_batch
 from rljax.rl.config import RLConfig
 from rljax.rl.evaluate import validate
@@ -232,7 +232,8 @@ class RLTrainer:
                     metrics.update(self.producer.publish(self.actor.params, self.step_count + 1))
         if self.mode != "sync":
             metrics.update(self.async_metrics(rollout, timer.seconds, start, time.perf_counter()))
-            metrics.update(off_policy_metrics(batch.rollout_log_probs, batch.old_log_probs, batch.response_mask))
+            metrics.update(update_off_policy_metrics(metrics) if self.forwards.reuse_rollout_log_probs else
+                           off_policy_metrics(batch.rollout_log_probs, batch.old_log_probs, batch.response_mask))
         self.step_count += 1
         metrics.update(batch_metrics(batch, rollout.samples))
         metrics.update(rollout_mismatch(batch))

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rljax.rl.async_stream import StreamProducer, off_policy_metrics
+from rljax.rl.async_stream import StreamProducer, off_policy_metrics, update_off_policy_metrics
 from rljax.rl.batch import Sample
 from rljax.rl.scoring import ScoredRollout
 from rljax.rollout.params import Completion, PartialRequest, PartialSample, SamplingParams
@@ -295,3 +295,10 @@ def test_a_stalled_sampler_times_out_with_one_line_naming_the_batch():
         producer.collect(0)
     assert time.perf_counter() - start < 5 and "\n" not in str(e.value)
     producer._stop = True  # the stalled thread is a daemon: nothing waits for it
+
+
+def test_off_policy_kl_in_bypass_mode_is_the_updates_measurement():
+    # the old log-probs are the sampler's, so the update's rollout_corr/ KLs (pi_theta vs pi_sampler) are the ones
+    update = {"rollout_corr/k3_kl": 0.25, "rollout_corr/kl": 0.2, "actor/pg_loss": 1.0}
+    assert update_off_policy_metrics(update) == {"async/off_policy_kl": 0.25, "async/off_policy_kl_k1": 0.2}
+    assert update_off_policy_metrics({"actor/pg_loss": 1.0}) == {}  # nothing measured: nothing reported (not 0)

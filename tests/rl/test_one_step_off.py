@@ -46,14 +46,10 @@ def record_trained(trainer, path):
     trainer.make_batch = spy
 
 
-def log_prob_gaps(trainer, batch, params) -> tuple[float, float]:
-    """Over the batch's response tokens, the largest |log-prob under `params` - the
-    sampler's| and |the trainer's old log-prob - the sampler's|."""
+def log_probs_under(trainer, batch, params) -> np.ndarray:
+    """The batch's log-probs under `params` (the trainer's forward)."""
     ids, mask = shard_global_batch({"i": batch.input_ids, "m": batch.attention_mask}, trainer.mesh).values()
-    stated = fetch(trainer.forwards.log_probs(params, ids, mask))
-    m = batch.response_mask > 0
-    return (float(np.abs(stated - batch.rollout_log_probs)[m].max()),
-            float(np.abs(batch.old_log_probs - batch.rollout_log_probs)[m].max()))
+    return fetch(trainer.forwards.log_probs(params, ids, mask))
 
 
 def test_one_step_off_learns_and_samples_with_the_version_it_states(tmp_path):
@@ -62,7 +58,7 @@ def test_one_step_off_learns_and_samples_with_the_version_it_states(tmp_path):
     trainer = RLTrainer(cfg)
     assert {d.id for d in trainer.mesh.devices.flat}.isdisjoint(
         {d.id for d in trainer.generation.replicas.layout.mesh.devices.flat})
-    params_of, checked = {}, []
+    params_of, checked, expected_kl = {}, [], {}
     make_batch = trainer.make_batch
 
     def spy(rollout, timer):
@@ -73,7 +69,13 @@ def test_one_step_off_learns_and_samples_with_the_version_it_states(tmp_path):
         assert versions == {max(k - 1, 0)}, (k, versions)
         if k >= 2:  # the stated version's log-probs are the sampler's; the trainer's current ones are not
             (v,) = versions
-            checked.append(log_prob_gaps(trainer, batch, params_of[v]))
+            m = batch.response_mask > 0
+            stated, current = (log_probs_under(trainer, batch, params_of[u]) for u in (v, k))
+            checked.append((float(np.abs(stated - batch.rollout_log_probs)[m].max()),
+                            float(np.abs(current - batch.rollout_log_probs)[m].max())))
+            # KL(behaviour || proximal), k3 by hand over the response tokens: r = pi_current / pi_sampler
+            log_r = (current - batch.rollout_log_probs)[m].astype(np.float64)
+            expected_kl[k + 1] = float(np.mean(np.exp(log_r) - log_r - 1.0))
         return batch, metrics
 
     trainer.make_batch = spy
@@ -84,6 +86,13 @@ def test_one_step_off_learns_and_samples_with_the_version_it_states(tmp_path):
     assert np.mean(scores[-3:]) > np.mean(scores[:3]) + 0.2, scores
     assert [h["async/staleness/max"] for h in history] == [0.0] + [1.0] * 11
     assert all(stated < 1e-4 and current > 1e-2 for stated, current in checked), checked
+    # the default correction takes the sampler's log-probs as the old ones (bypass mode); the off-policy KL
+    # comes from the update, whose one mini-batch is measured at the params of the version being trained
+    assert trainer.forwards.reuse_rollout_log_probs
+    for h in history:
+        if h["step"] in expected_kl:
+            assert h["async/off_policy_kl"] == pytest.approx(expected_kl[h["step"]], rel=1e-3, abs=1e-6), h["step"]
+    assert min(expected_kl.values()) > 0
     for h in history:
         assert 0.0 <= h["async/trainer_idle_fraction"] <= 1.0 and 0.0 <= h["async/sampler_idle_fraction"] <= 1.0
         assert "timing_s/wait_rollout" in h and "timing_s/update_weights" in h and "timing_s/gen" in h

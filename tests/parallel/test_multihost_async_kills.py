@@ -1,0 +1,93 @@
+"""`trainer.mode: async` on 2 processes x 4 CPU devices, SIGKILLed at random moments: each
+launch SIGKILLs one process (chosen at random) at a random moment after a random number of
+its steps; the launcher then kills the other; the next launch resumes from the last
+checkpoint every process finished. Once a launch gets to the end, every step trained the
+samples the uninterrupted 1 process x 8 devices run trained (same tokens and policy
+versions, the sampler's log-probs to float tolerance) and the final weights agree: no
+sample lost, none trained twice.
+
+Test hooks reach the subprocesses through `sitecustomize` (tests/parallel/test_multihost_rl.py)."""
+
+import os
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from rljax.checkpoint import Checkpointer, abstract_like
+from rljax.parallel import make_mesh
+from rljax.rl.trainer import RLTrainer, train_rl, trainer_devices
+from tests.parallel.test_multihost_one_step_off import ASYNC, RECORD_HOOK, overrides, read_samples, recording
+from tests.parallel.test_multihost_rl import configs, finish, launch, write_config
+from tests.tiny_models import tiny_qwen2_hf
+
+pytestmark = pytest.mark.slow
+
+STEPS = 4
+
+# one process of the launch, chosen by `seed`, SIGKILLs itself 0-1.5 s after its 1st or 2nd step of this launch
+KILL_AT_RANDOM = textwrap.dedent("""
+    import os, random, signal, threading
+    import rljax.rl.trainer as trainer_module
+    rng = random.Random({seed})
+    victim, after, delay = rng.randint(0, 1), rng.randint(1, 2), rng.uniform(0.0, 1.5)
+    if os.environ.get("RLJAX_PROCESS_ID") == str(victim):
+        real_step = trainer_module.RLTrainer.step
+        done = []
+        def step(self, *args, **kwargs):
+            out = real_step(self, *args, **kwargs)
+            done.append(1)
+            if len(done) == after:
+                threading.Timer(delay, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+            return out
+        trainer_module.RLTrainer.step = step
+""")
+
+
+def test_random_kills_then_resume_train_every_sample_exactly_once(tmp_path, monkeypatch):
+    config = write_config(tmp_path, {"model": {"tokenizer": "char", "hf_config": tiny_qwen2_hf(num_key_value_heads=2)}})
+    args = overrides(tmp_path, f"trainer.total_steps={STEPS}", "trainer.save_freq=1", mode=ASYNC)
+    (cfg1, _), run1, run2 = configs(tmp_path, config, args)
+    command = ["train", config, *args, f"trainer.default_local_dir={tmp_path / 'two'}"]
+
+    kills, proc = 0, launch(tmp_path, command, hook=RECORD_HOOK + KILL_AT_RANDOM.format(seed=0))
+    try:  # the uninterrupted one-process run, meanwhile
+        monkeypatch.setattr(RLTrainer, "make_batch", recording(RLTrainer.make_batch))
+        train_rl(cfg1)
+    finally:
+        code, out = finish(proc)
+    while code != 0:  # a kill ended the launch: resume, with the next random kill armed
+        assert code == 256 - 9, out[-3000:]
+        kills += 1
+        assert kills < 12, "no launch got to the end"
+        code, out = finish(launch(tmp_path, command, hook=RECORD_HOOK + KILL_AT_RANDOM.format(seed=kills)))
+    print(f"launches killed: {kills}")
+    assert kills >= 1
+
+    one = read_samples(os.path.join(run1, "samples.0.jsonl"))
+    assert [r["step"] for r in one] == list(range(1, STEPS + 1))
+    for p in (0, 1):
+        runs = read_samples(os.path.join(run2, f"samples.{p}.jsonl"))
+        last = {r["step"]: r for r in runs}  # a resumed launch redoes the steps after its checkpoint
+        assert sorted(last) == list(range(1, STEPS + 1)), p
+        diff = 0.0
+        for a in one:
+            b = last[a["step"]]
+            assert b["tokens"] == a["tokens"] and b["versions"] == a["versions"], (p, a["step"])
+            for x, y in zip(a["log_probs"], b["log_probs"]):
+                diff = max(diff, float(np.max(np.abs(np.asarray(x) - np.asarray(y)), initial=0.0)))
+        print(f"process {p}: {len(runs)} step records over {kills + 1} launches; the last of each step equals "
+              f"1 x 8; sampler log-probs max |diff| {diff:.3g}")
+        assert diff < 1e-5
+
+    with jax.set_mesh(make_mesh(cfg1.mesh, trainer_devices(cfg1))):
+        trainer = RLTrainer(cfg1)  # resumes run 1's last checkpoint: the reference weights and their layout
+        try:
+            abstract = {"actor": abstract_like(trainer.actor.state)}
+            reference = [np.asarray(x) for x in jax.tree.leaves(trainer.actor.state.params)]
+        finally:
+            trainer.close()
+    state, _, _ = Checkpointer(os.path.join(run2, "checkpoints"), async_save=False).restore(STEPS, abstract)
+    for a, b in zip(jax.tree.leaves(state["actor"].params), reference):
+        np.testing.assert_allclose(np.asarray(a), b, atol=1e-5)
