@@ -27,11 +27,15 @@ pytestmark = pytest.mark.slow
 STEPS = 4
 
 # one process of the launch, chosen by `seed`, SIGKILLs itself 0-1.5 s after its 1st or 2nd step of this launch
+# (leaving the file `marker` first)
 KILL_AT_RANDOM = textwrap.dedent("""
     import os, random, signal, threading
     import rljax.rl.trainer as trainer_module
     rng = random.Random({seed})
     victim, after, delay = rng.randint(0, 1), rng.randint(1, 2), rng.uniform(0.0, 1.5)
+    def kill():
+        open({marker!r}, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get("RLJAX_PROCESS_ID") == str(victim):
         real_step = trainer_module.RLTrainer.step
         done = []
@@ -39,7 +43,7 @@ KILL_AT_RANDOM = textwrap.dedent("""
             out = real_step(self, *args, **kwargs)
             done.append(1)
             if len(done) == after:
-                threading.Timer(delay, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+                threading.Timer(delay, kill).start()
             return out
         trainer_module.RLTrainer.step = step
 """)
@@ -51,18 +55,29 @@ def test_random_kills_then_resume_train_every_sample_exactly_once(tmp_path, monk
     (cfg1, _), run1, run2 = configs(tmp_path, config, args)
     command = ["train", config, *args, f"trainer.default_local_dir={tmp_path / 'two'}"]
 
-    kills, proc = 0, launch(tmp_path, command, hook=RECORD_HOOK + KILL_AT_RANDOM.format(seed=0))
-    try:  # the uninterrupted one-process run, meanwhile
-        monkeypatch.setattr(RLTrainer, "make_batch", recording(RLTrainer.make_batch))
-        train_rl(cfg1)
-    finally:
-        code, out = finish(proc)
-    while code != 0:  # a kill ended the launch: resume, with the next random kill armed
-        assert code == 256 - 9, out[-3000:]
+    def armed(seed):
+        return RECORD_HOOK + KILL_AT_RANDOM.format(seed=seed, marker=str(tmp_path / f"killed.{seed}"))
+
+    # the uninterrupted one-process run first: beside a launch it would slow one process enough that gloo's
+    # 30 s wait for the other, at a collective over a new device group, runs out on a loaded 2-core machine
+    monkeypatch.setattr(RLTrainer, "make_batch", recording(RLTrainer.make_batch))
+    train_rl(cfg1)
+    def run(seed):
+        code, out = finish(launch(tmp_path, command, hook=armed(seed)))
+        (tmp_path / f"launch.{seed}.log").write_text(out)
+        return code, out
+
+    kills = 0
+    code, out = run(0)
+    codes = [code]
+    while code != 0:  # a kill ended the launch (the survivor is stopped, or aborts at the coordination
+        # service's error): resume, with the next random kill armed
+        assert (tmp_path / f"killed.{kills}").exists(), out[-3000:]
         kills += 1
         assert kills < 12, "no launch got to the end"
-        code, out = finish(launch(tmp_path, command, hook=RECORD_HOOK + KILL_AT_RANDOM.format(seed=kills)))
-    print(f"launches killed: {kills}")
+        code, out = run(kills)
+        codes.append(code)
+    print(f"launches killed: {kills}; exit codes {codes}")
     assert kills >= 1
 
     one = read_samples(os.path.join(run1, "samples.0.jsonl"))
