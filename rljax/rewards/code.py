@@ -13,7 +13,10 @@ share that pass, with the semantics of verl's ``default_compute_score`` for thes
   must print. With ``fn_name`` each test is a call: every line of the input is one JSON
   argument, the output the JSON of the return value;
 - the score is 1.0 when every test passes; otherwise, with `continuous` (verl's default for
-  these sources), the share of the first ten tests that pass; without, 0.0;
+  these sources), the share of the first ten tests that pass; without, 0.0. verl's
+  per-test runs lose ``fn_name``: for that share a call-based test runs as a program on
+  its input lines and must print the expected JSON text (so a call-based answer scores
+  1.0 or, almost always, 0.0);
 - stdout is compared as verl's ``run_test`` does (`stdout_matches`): equal after stripping
   the whole text, or after stripping every line; equal line lists once empty lines are
   dropped (and the expected lines stripped); or, unless every line is an unsigned integer,
@@ -51,6 +54,7 @@ class CodeRewardSettings:
 
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     sandbox_fusion: SandboxFusionClient | None = None  # set: tests go to that server
+    continuous: bool = True  # not all pass: the share of the first ten tests (verl's default) | 0.0
 
 
 DEFAULT_SETTINGS = CodeRewardSettings()
@@ -215,10 +219,18 @@ def score_in_sandbox(completion: str, ground_truth: Any, continuous: bool = True
         return 0.0, []
     code = extract_code(completion)
     fn_name = tests.get("fn_name")
-    records = run_in_sandbox(code, tests["inputs"], fn_name, limits)
-    passed = [record_passes(records[i] if i < len(records) else None, tests["outputs"][i], fn_name is not None)
-              for i in range(len(tests["inputs"]))]
-    return pass_fraction(passed, continuous), passed
+    passed = _run_and_check(code, tests["inputs"], tests["outputs"], fn_name, limits)
+    if all(passed) or not continuous or fn_name is None:
+        return pass_fraction(passed, continuous), passed
+    # verl's per-test runs drop fn_name: the first ten tests run as programs on stdin
+    first = _run_and_check(code, tests["inputs"][:CONTINUOUS_TESTS], tests["outputs"], None, limits)
+    return sum(first) / len(first), passed
+
+
+def _run_and_check(code: str, inputs: list, outputs: list, fn_name: str | None, limits: SandboxLimits) -> list[bool]:
+    records = run_in_sandbox(code, inputs, fn_name, limits)
+    return [record_passes(records[i] if i < len(records) else None, outputs[i], fn_name is not None)
+            for i in range(len(inputs))]
 
 
 # verl's sandbox_fusion path -------------------------------------------------------------------
@@ -314,10 +326,12 @@ def score_with_sandbox_fusion(completion: str, ground_truth: Any, client: Sandbo
 
 @register_reward(*CODE_SOURCES)
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-                  continuous: bool = True, settings: CodeRewardSettings | None = None) -> dict[str, Any]:
+                  continuous: bool | None = None, settings: CodeRewardSettings | None = None) -> dict[str, Any]:
     """Registered code reward (module docstring): ``{"score", "acc"}``. `settings`: the
-    sandbox limits, or a SandboxFusion client (default: `DEFAULT_SETTINGS`)."""
+    sandbox limits, or a SandboxFusion client (default: `DEFAULT_SETTINGS`); `continuous`
+    (default: the settings') as in verl."""
     settings = settings or DEFAULT_SETTINGS
+    continuous = settings.continuous if continuous is None else bool(continuous)
     if settings.sandbox_fusion is not None:
         score, passed = score_with_sandbox_fusion(solution_str, ground_truth, settings.sandbox_fusion, continuous)
     else:
