@@ -28,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from rljax.rewards import code_harness
+import rljax.rewards.code_harness as code_harness
 
 
 @dataclass(frozen=True)
