@@ -335,3 +335,28 @@ def test_reward_config_code_sections():
                      ({"code": {"timeout": 1}}, "timeout")]:
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             check_config(from_dict(RLConfig, {"reward": bad}))
+
+
+def test_code_pass_at_k_in_validation_metrics():
+    """`rljax eval`'s metrics: a code sample is correct when every test passes (``acc``),
+    so pass@k is the unbiased estimator over ``acc``; the partial scores (``reward``) have
+    none. One prompt, 4 samples, 1 all-pass: pass@1 = 1/4, pass@2 = 1 - C(3,2)/C(4,2) = 1/2,
+    pass@4 = 1 (hand-computed, Chen et al. 2021 eq. 1)."""
+    from rljax.evaluation.validation import validation_metrics
+
+    answers = ["a, b = map(int, input().split())\nprint(a + b)",
+               "a, b = map(int, input().split())\nprint(a + b if a < 50 else 0)",
+               "a, b = map(int, input().split())\nprint(a * b)",
+               "print(0)"]
+    records = []
+    for code in answers:
+        out = compute_score("taco", fence(code), SUM_GT, settings=SETTINGS)
+        records.append({"data_source": "taco", "prompt_index": 0, **out})
+    assert [r["acc"] for r in records] == [1.0, 0.0, 0.0, 0.0]
+    m = validation_metrics(records)
+    assert m["val-aux/taco/acc/pass@1"] == pytest.approx(0.25)
+    assert m["val-aux/taco/acc/pass@2"] == pytest.approx(0.5)
+    assert m["val-core/taco/acc/pass@4"] == pytest.approx(1.0)
+    assert m["val-core/taco/acc/mean@4"] == pytest.approx(0.25)
+    assert m["val-aux/taco/reward/mean@4"] == pytest.approx((1 + 2 / 3) / 4)
+    assert not any(k.startswith("val-aux/taco/reward/pass@") for k in m)
