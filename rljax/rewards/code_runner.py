@@ -11,13 +11,14 @@ records (stdout, or the call's tagged value) come back and are compared here.
 
 `SandboxFusionClient` runs one program with one stdin on a SandboxFusion server
 (``POST {url}/run_code``), at most `max_concurrency` requests at once per process,
-retrying a refused connection or an HTTP 429/502/503/504 with exponential backoff, as
-rljax's `SandboxFusionTool` does.
+retrying a refused or dropped connection or an HTTP 429/502/503/504 with exponential
+backoff, as rljax's `SandboxFusionTool` does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import inspect
 import json
 import socket
@@ -178,6 +179,10 @@ class SandboxFusionClient:
             raise SandboxFusionError(f"{self.endpoint}: {e.reason}") from None
         except (socket.timeout, TimeoutError):
             raise SandboxFusionError(f"{self.endpoint}: no answer within {timeout:g} s") from None
+        except (ConnectionError, http.client.HTTPException) as e:  # dropped mid-request (RemoteDisconnected, ...)
+            raise _Retry(f"connection lost ({type(e).__name__})") from None
+        except OSError as e:
+            raise SandboxFusionError(f"{self.endpoint}: {e}") from None
         try:
             out = json.loads(data)
         except ValueError:

@@ -230,6 +230,7 @@ class _FakeSandboxFusion(BaseHTTPRequestHandler):
     in_flight = 0
     max_in_flight = 0
     fail_first = 0
+    drop_first = 0  # of the requests after the failing ones: closed without an answer
 
     def log_message(self, *args):
         pass
@@ -240,6 +241,7 @@ class _FakeSandboxFusion(BaseHTTPRequestHandler):
         with cls.lock:
             cls.requests += 1
             failing = cls.requests <= cls.fail_first
+            dropping = not failing and cls.requests <= cls.fail_first + cls.drop_first
             cls.in_flight += 1
             cls.max_in_flight = max(cls.max_in_flight, cls.in_flight)
         try:
@@ -248,6 +250,9 @@ class _FakeSandboxFusion(BaseHTTPRequestHandler):
                 return
             if failing:
                 self.send_error(503)
+                return
+            if dropping:
+                self.close_connection = True
                 return
             time.sleep(0.05)
             try:
@@ -312,7 +317,10 @@ def test_sandbox_fusion_retries_then_gives_up(fake_server):
     one = {"inputs": ["1 2\n"], "outputs": ["3\n"]}
     assert score("a, b = map(int, input().split())\nprint(a + b)", one, settings) == 1.0
     assert handler.requests == 3  # two 503s, then the answer
-    handler.requests, handler.fail_first = 0, 10
+    handler.requests, handler.fail_first, handler.drop_first = 0, 1, 1
+    assert score("a, b = map(int, input().split())\nprint(a + b)", one, settings) == 1.0
+    assert handler.requests == 3  # a 503, a dropped connection, then the answer
+    handler.requests, handler.fail_first, handler.drop_first = 0, 10, 0
     assert score("a, b = map(int, input().split())\nprint(a + b)", one, settings) == 0.0
     assert handler.requests == 3  # the first try and two retries
 
