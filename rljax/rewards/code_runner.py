@@ -26,6 +26,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -92,7 +93,14 @@ def run_in_sandbox(code: str, inputs: Sequence[Any], fn_name: str | None, limits
                "sample_timeout_s": float(limits.sample_timeout_s),
                "max_output_chars": int(limits.max_output_bytes), "max_files": 256}
     program = harness_source() + f"\nmain(json.loads({json.dumps(payload)!r}))\n"
-    run = asyncio.run(_tool(limits, len(inputs)).run(program))
+    tool = _tool(limits, len(inputs))
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # no loop in this thread: the usual case (a reward worker)
+        run = asyncio.run(tool.run(program))
+    else:  # called from a coroutine: a loop of its own, on another thread
+        with ThreadPoolExecutor(1) as pool:
+            run = pool.submit(asyncio.run, tool.run(program)).result()
     return parse_records(run.stdout, len(inputs))
 
 

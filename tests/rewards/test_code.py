@@ -368,3 +368,12 @@ def test_code_pass_at_k_in_validation_metrics():
     assert m["val-core/taco/acc/mean@4"] == pytest.approx(0.25)
     assert m["val-aux/taco/reward/mean@4"] == pytest.approx((1 + 2 / 3) / 4)
     assert not any(k.startswith("val-aux/taco/reward/pass@") for k in m)
+
+
+def test_scores_from_inside_a_running_event_loop():
+    import asyncio
+
+    async def inside():
+        return score("a, b = map(int, input().split())\nprint(a + b)")
+
+    assert asyncio.run(inside()) == 1.0
