@@ -19,6 +19,7 @@ BENCHES: dict[str, str] = {
     "lora": "lora",
     "lora_learning": "lora_learning",
     "moe": "moe",
+    "code-reward": "code_reward",
 }
 
 

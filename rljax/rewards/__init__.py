@@ -9,8 +9,9 @@ Registered data sources (`known_data_sources()`), verl's names sent where verl's
 (verl's six, `numina`); ``hiyouga/geometry3k`` (`geo3k`); ``searchR1_*`` (verl's seven,
 `search_r1`); ``countdown``, ``countdown*``; ``format/think_answer``;
 ``synthetic/arithmetic``, ``synthetic/reverse``, ``synthetic/uppercase``, ``synthetic/*``;
-``synthetic/tool_arithmetic`` (`rljax.rewards.synthetic_tools`). `has_reward_fn` warns
-once per data source that has none.
+``synthetic/tool_arithmetic`` (`rljax.rewards.synthetic_tools`); ``codecontests``,
+``apps``, ``codeforces``, ``taco`` (`rljax.rewards.code`: the tests run in the OS sandbox
+or on a SandboxFusion server). `has_reward_fn` warns once per data source that has none.
 
 This package does not import JAX: reward worker processes load it cheaply.
 `ScalarHeadScorer` (JAX) is imported on first use.

@@ -5,6 +5,7 @@ so this module depends on the scorers only and not on the package ``__init__`` t
 imports it.
 """
 
+import rljax.rewards.code  # noqa: F401
 import rljax.rewards.countdown  # noqa: F401
 import rljax.rewards.format_reward  # noqa: F401
 import rljax.rewards.geo3k  # noqa: F401

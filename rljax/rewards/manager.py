@@ -20,6 +20,9 @@ raises `NonFiniteRewardError` naming the function and the sample, whatever `on_e
 
 Where a function runs:
 
+`code_settings` (`rljax.rewards.code.CodeRewardSettings`) reaches the built-in code scorers
+(``codecontests``, ``apps``, ``codeforces``, ``taco``) as their ``settings`` argument.
+
 * ``mode="process"``: every function in worker processes.
 * ``mode="inline"``: the built-in scorers (the registry dispatcher, trusted code) in the
   calling process, faster; `timeout_s` is enforced there with ``SIGALRM``, which needs
@@ -46,6 +49,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from rljax.rewards.code import CODE_SOURCES, CodeRewardSettings
 from rljax.rewards.custom import FileRewardFn, custom_reward_fn_from_config
 from rljax.rewards.pool import Outcome, ScoringPool, can_alarm, score_item_inline
 from rljax.rewards.registry import REWARDS, UnknownDataSourceError, default_compute_score
@@ -89,11 +93,30 @@ class WithKwargs:
         return self.fn(**call_kwargs, **self.kwargs)
 
 
+@dataclass(frozen=True)
+class KwargsForSources:
+    """Picklable: `fn` called with `kwargs` added when the item's ``data_source`` is one of
+    `sources` (the code scorers' settings, which the other scorers do not take)."""
+
+    fn: Callable[..., Any]
+    sources: tuple[str, ...]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def load(self) -> None:
+        load = getattr(self.fn, "load", None)
+        if callable(load):
+            load()
+
+    def __call__(self, **call_kwargs: Any) -> Any:
+        extra = self.kwargs if call_kwargs.get("data_source") in self.sources else {}
+        return self.fn(**call_kwargs, **extra)
+
+
 def describe_reward_fn(fn: Callable[..., Any], data_source: str | None = None) -> str:
     """A reward function's name for messages: ``path:name`` for a file's function,
     ``module:name`` for any other; for the registry dispatcher, the function registered
     for `data_source` when given."""
-    if isinstance(fn, WithKwargs):
+    if isinstance(fn, (WithKwargs, KwargsForSources)):
         return describe_reward_fn(fn.fn, data_source)
     if isinstance(fn, FileRewardFn):
         return f"{fn.path}:{fn.name}"
@@ -126,6 +149,7 @@ class RewardManager:
         trust_custom_reward: bool = False,
         max_consecutive_failed_steps: int = 3,
         on_error: OnError = "zero",
+        code_settings: CodeRewardSettings | None = None,
     ):
         if mode not in ("process", "inline"):
             raise ValueError(f"reward mode must be 'process' or 'inline', got {mode!r}")
@@ -142,6 +166,8 @@ class RewardManager:
         fn: Callable[..., Any] = default_compute_score if compute_score is None else compute_score
         if reward_kwargs:
             fn = WithKwargs(fn, dict(reward_kwargs))
+        if code_settings is not None and self.uses_registry:
+            fn = KwargsForSources(fn, CODE_SOURCES, {"settings": code_settings})
         self.fn = fn
         self.mode = mode
         self.on_error = on_error
@@ -165,11 +191,11 @@ class RewardManager:
     ) -> "RewardManager":
         """From a ``reward`` config block (keys: ``mode``, ``num_workers``, ``timeout_s``,
         ``error_score``, ``mp_context``, ``reward_kwargs``, ``trust_custom_reward``,
-        ``max_consecutive_failed_steps``, ``on_error``) and verl's ``custom_reward_function``
+        ``max_consecutive_failed_steps``, ``on_error``, ``code_settings``) and verl's ``custom_reward_function``
         block (``path``, ``name``, ``reward_kwargs``)."""
         config = dict(config or {})
         allowed = {"mode", "num_workers", "timeout_s", "error_score", "mp_context", "reward_kwargs",
-                   "trust_custom_reward", "max_consecutive_failed_steps", "on_error"}
+                   "trust_custom_reward", "max_consecutive_failed_steps", "on_error", "code_settings"}
         unknown = set(config) - allowed
         if unknown:
             raise ValueError(f"reward config: unknown key(s) {sorted(unknown)}; expected {sorted(allowed)}")

@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import jax
 
+from rljax.rewards.code import CodeRewardSettings
+from rljax.rewards.code_runner import SandboxFusionClient, SandboxLimits
 from rljax.rewards.manager import RewardManager
 from rljax.rewards.sources import Combine, FunctionSource, RewardSources
 from rljax.rl.agent_rollout import agent_generate_and_score
@@ -53,8 +55,21 @@ def make_reward_manager(cfg: RLConfig) -> RewardManager:
     return RewardManager.from_config(
         {"mode": r.mode, "num_workers": r.num_workers, "timeout_s": r.timeout_s,
          "trust_custom_reward": r.trust_custom_reward, "max_consecutive_failed_steps": r.max_consecutive_failed_steps,
-         "on_error": r.on_error},
+         "on_error": r.on_error, "code_settings": code_reward_settings(r)},
         dataclasses.asdict(custom) if custom.path else None)
+
+
+def code_reward_settings(r) -> CodeRewardSettings:
+    """The code scorers' settings from the `reward:` section (`code`, `sandbox_fusion`)."""
+    c, sf = r.code, r.sandbox_fusion
+    limits = SandboxLimits(test_timeout_s=c.test_timeout_s, memory_mb=c.memory_mb,
+                           sample_timeout_s=c.sample_timeout_s, max_output_bytes=c.max_output_bytes)
+    client = None
+    if sf.url:
+        client = SandboxFusionClient(url=sf.url, max_concurrency=sf.max_concurrency, max_retries=sf.max_retries,
+                                     retry_backoff_s=sf.retry_backoff_s, run_timeout_s=sf.run_timeout_s,
+                                     memory_limit_mb=sf.memory_limit_mb)
+    return CodeRewardSettings(limits=limits, sandbox_fusion=client, continuous=c.continuous)
 
 
 def make_reward_sources(cfg: RLConfig, tokenizer, policy=None, policy_params: Callable[[], Any] | None = None,

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from rljax.config import (
+    Bounds,
     FieldError,
     NonNegFloat,
     NonNegSteps,
@@ -16,6 +17,7 @@ from rljax.config import (
     OpenUnitFloat,
     Pages,
     PositiveFloat,
+    PositiveInt,
     Rows,
     Threads,
     Tokens,
@@ -118,6 +120,38 @@ class VerifierConfig:
 
 
 @dataclass
+class CodeSandboxConfig:
+    """How the code data sources (`codecontests`, `apps`, `codeforces`, `taco`) run their
+    tests in rljax's OS sandbox (`rljax.rewards.code`): one sandbox per sample, each test
+    in a process of its own. A sample's reward call must fit in `reward.timeout_s`, so keep
+    `sample_timeout_s` below it."""
+
+    test_timeout_s: PositiveFloat = 5.0  # wall-clock (and CPU) seconds of one test; past it the test fails
+    memory_mb: PositiveInt = 512  # address space (RLIMIT_AS) of one test's process, MiB
+    sample_timeout_s: PositiveFloat = 8.0  # wall clock of all of one sample's tests; tests not run by then fail
+    max_output_bytes: PositiveInt = 1 << 20  # what one test may print (or return); more fails the test
+    continuous: bool = True  # not all passed: the share of the first ten tests that pass (verl's default) | 0
+
+
+@dataclass
+class SandboxFusionConfig:
+    """A SandboxFusion server that runs the code data sources' tests instead of the OS
+    sandbox (verl's `sandbox_fusion_url`): one request per test, verl's `sandbox_fusion`
+    semantics (`rljax.rewards.code`)."""
+
+    url: str = ""  # http://host:port (or its /run_code endpoint); empty: tests run in the OS sandbox
+    max_concurrency: Threads = 16  # requests in flight at once per reward worker process
+    max_retries: Annotated[int, Bounds(ge=0, le=100)] = 2  # retries of a refused connection or HTTP 429/502/503/504
+    retry_backoff_s: NonNegFloat = 0.5  # first retry delay, doubled at each retry
+    run_timeout_s: PositiveFloat = 10.0  # the server's run_timeout and compile_timeout per test
+    memory_limit_mb: PositiveInt = 1024  # the server's memory_limit_MB per test
+
+    def check(self) -> None:
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise FieldError("url", f"must start with http:// or https://, got {self.url!r}")
+
+
+@dataclass
 class RewardConfig:
     """How rule rewards are computed (`rljax.rewards.manager.RewardManager`).
 
@@ -139,6 +173,8 @@ class RewardConfig:
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # DAPO's overlong shaping
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)  # a trained reward model
     verifier: VerifierConfig = field(default_factory=VerifierConfig)  # a generative verifier
+    code: CodeSandboxConfig = field(default_factory=CodeSandboxConfig)  # limits of the code data sources' tests
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)  # code tests on a server instead
     mode: Literal["process", "inline"] = "process"  # where reward functions run (see above)
     timeout_s: PositiveFloat = 10.0  # seconds one reward call may take
     num_workers: Threads = 2  # worker processes (mode=process, or a custom function)

@@ -229,6 +229,6 @@ def test_unscored_data_source_warns_once(caplog):
     # a second unknown name gets its own single warning
     caplog.clear()
     for _ in range(3):
-        has_reward_fn("codecontests")
-    assert len([r for r in caplog.records if "data_source 'codecontests'" in r.getMessage()]) == 1
+        has_reward_fn("nobody/knows-14")
+    assert len([r for r in caplog.records if "data_source 'nobody/knows-14'" in r.getMessage()]) == 1
     assert not has_reward_fn("other/unknown", warn=False) and "other/unknown" not in caplog.text
