@@ -108,19 +108,16 @@ def _model_line(run) -> str:
             f"{run.model.num_hidden_layers} layers")
 
 
-def prepare_rl(args, tpu, devices) -> Prepared:
-    """An RL run: the train steps, batch forwards, the sampler's programs and the hand-off
-    (the module docstring), on the slice split as `trainer.mode` splits it."""
-    from rljax.config import ConfigError, load_config, validate
+def prepare_rl(cfg, args, tpu, devices) -> Prepared:
+    """An RL run (`cfg`: an `RLConfig`): the train steps, batch forwards, the sampler's
+    programs and the hand-off (the module docstring), on the slice split as
+    `trainer.mode` splits it."""
+    from rljax.config import ConfigError
     from rljax.rl.async_config import check_processes, split_devices
-    from rljax.rl.config import RLConfig
     from rljax.tpu.programs import default_pages, run_programs
     from rljax.tpu.report import roofline_programs
     from rljax.tpu.topology import slice_devices, sub_slice
 
-    cfg = load_config(RLConfig, args.config, args.overrides)
-    validate(cfg, num_devices=len(devices))
-    _refuse_lora(cfg)
     pages = default_pages(cfg)
     tp = cfg.rollout.tensor_parallel_size
     mode = cfg.trainer.mode
@@ -154,20 +151,15 @@ def prepare_rl(args, tpu, devices) -> Prepared:
                     ("train", "decode"), run.layout.num_replicas if run.layout else 1, after)
 
 
-def prepare_supervised(args, tpu, devices) -> Prepared:
-    """An SFT, reward-model or DPO run: its train step and validation forward
-    (`rljax.tpu.supervised`) on the mesh over the whole slice."""
+def prepare_supervised(cfg, args, tpu, devices) -> Prepared:
+    """An SFT, reward-model or DPO run (`cfg`: a `RunConfig`): its train step and
+    validation forward (`rljax.tpu.supervised`) on the mesh over the whole slice."""
     import dataclasses
 
-    from rljax.config import load_config, validate
     from rljax.tpu.programs import model_config
     from rljax.tpu.report import layer_rooflines
     from rljax.tpu.supervised import supervised_programs
-    from rljax.train.run_config import RunConfig
 
-    cfg = load_config(RunConfig, args.config, args.overrides)
-    validate(cfg, num_devices=len(devices))
-    _refuse_lora(cfg)
     run = supervised_programs(cfg, devices)
     model = model_config(cfg)
 
@@ -180,30 +172,39 @@ def prepare_supervised(args, tpu, devices) -> Prepared:
                     lambda kinds: layer_rooflines(build, model.num_hidden_layers, tpu.chip, kinds), ("train",))
 
 
-# run kind (`rljax.commands.run_kinds.run_kind`) -> how its programs are built for a slice
+# run kind (`rljax.commands.run_kinds.run_kind`) -> how its programs are built for a slice:
+# `(config, args, slice, devices) -> Prepared`, the config read by the kind's class (`RUN_CONFIGS`)
 PREPARE: dict[str, Callable[..., Prepared]] = {"rl": prepare_rl, "supervised": prepare_supervised}
 
 
-def _refuse_lora(cfg) -> None:
-    from rljax.config import ConfigError
+def load_checked(args, tpu):
+    """The run config of `args.config` with its overrides, read by its run kind's class
+    and checked for the slice's chip count (`rljax.config.validate`), before libtpu is
+    loaded: a bad config is one `ConfigError` line. Also its run kind."""
+    from rljax.commands.run_kinds import RUN_CONFIGS
+    from rljax.commands.train import kind_of
+    from rljax.config import ConfigError, load_config, validate
 
+    kind = kind_of(args.config, args.overrides)
+    cfg = load_config(RUN_CONFIGS[kind], args.config, args.overrides)
+    validate(cfg, num_devices=tpu.chips * args.num_slices)
     if cfg.model.lora.rank:
         raise ConfigError("model.lora.rank: rljax compile builds full fine-tuning programs only so far; "
                           "compile with model.lora.rank=0 for an upper bound")
+    return kind, cfg
 
 
 def main(args) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from rljax.commands.train import kind_of
     from rljax.tpu.programs import PROGRAM_KINDS, parse_kinds, select
     from rljax.tpu.report import compile_run, overflow, render
     from rljax.tpu.topology import parse_slice, slice_devices
 
     kinds = PROGRAM_KINDS if args.programs is None else parse_kinds(args.programs)
-    prepare = PREPARE[kind_of(args.config, args.overrides)]
     tpu = parse_slice(args.topology)
+    kind, cfg = load_checked(args, tpu)
     devices = slice_devices(tpu, args.num_slices)
-    prepared = prepare(args, tpu, devices)
+    prepared = PREPARE[kind](cfg, args, tpu, devices)
     run = prepared.run
     hosts = len({d.process_index for d in devices})
     print(f"rljax compile: {args.config} for {args.num_slices} x {tpu.topology_name} ({len(devices)} chips "
