@@ -62,7 +62,7 @@ LAYERS: tuple[str, ...] = (
     "rljax.train",  # the train step and the supervised loop
     "rljax.rl",  # the RL trainer
     # tools and the command line
-    "rljax.tpu",  # every program of an RL run compiled for a TPU slice
+    "rljax.tpu",  # every program of a run compiled for a TPU slice
     "rljax.bench",  # benchmarks
     "rljax.commands",  # one module per `rljax` command
     "rljax.cli",  # the entry point

@@ -1,15 +1,18 @@
 """`rljax compile CONFIG [key.sub=value ...] --topology v5e-16 [--num-slices N] [--programs KINDS]`:
-compile, for a TPU slice, every program an RL run of CONFIG executes (or those of the
-kinds `--programs train,decode` names), without the TPU.
+compile, for a TPU slice, every program a run of CONFIG executes (or those of the kinds
+`--programs train,decode` names), without the TPU.
 
 libtpu (`pip install "jax[tpu]==<installed jax>"`) describes the slice's devices on any
-host; the run's mesh is built over them by the trainers' own code and every program (the
-train steps, the batch forwards, the sampler's prefill and decode at its largest buckets,
-the weight hand-off; `rljax.tpu.programs`) is lowered on abstract shapes and compiled for
-that TPU. Printed per program: memory per chip from the compiler next to `rljax plan`'s
-formula, and a roofline bound from the compiler's cost (`rljax.tpu.report`, an estimate).
-Exit status 1, with one line per program, when a program does not fit the chip's HBM or
-does not compile. JAX runs on the CPU here (JAX_PLATFORMS=cpu unless set).
+host; the run's mesh is built over them by the trainers' own code and every program is
+lowered on abstract shapes and compiled for that TPU. Which programs depends on the run
+kind (`rljax.commands.run_kinds`; one `PREPARE` entry each): an RL run's train steps,
+batch forwards, the sampler's prefill and decode at its largest buckets and the weight
+hand-off (`rljax.tpu.programs`); a supervised run's (SFT, reward model, DPO) train step
+with its real micro-batches and its validation forward (`rljax.tpu.supervised`). Printed
+per program: memory per chip from the compiler next to `rljax plan`'s formula, and a
+roofline bound from the compiler's cost (`rljax.tpu.report`, an estimate; the train and
+decode steps). Exit status 1, with one line per program, when a program does not fit the
+chip's HBM or does not compile. JAX runs on the CPU here (JAX_PLATFORMS=cpu unless set).
 
 An asynchronous `trainer.mode` (one_step_off, async) splits the slice as the run does
 (`rljax.rl.async_config.split_devices`: each host's first `async.rollout_devices` chips
@@ -30,12 +33,14 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
+from typing import Callable
 
-HELP = "Compile every program of a run for a TPU slice (no TPU needed): per-chip memory and a roofline bound."
+HELP = "Compile every program of a run (RL, SFT, RM, DPO) for a TPU slice (no TPU needed): per-chip memory."
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("config", help="YAML config file of an RL run (see configs/)")
+    parser.add_argument("config", help="YAML config file of a run, RL or supervised (see configs/)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. mesh.fsdp=16 rollout.tensor_parallel_size=4")
     parser.add_argument("--topology", required=True,
                         help="TPU slice: v5e-16, v5litepod-16, v6e-16, v5p-32 (cores), or v5e:4x4 (chips)")
@@ -44,8 +49,8 @@ def add_arguments(parser) -> None:
                         help="compile a prefill program for every usable chunk bucket (default: the extremes)")
     parser.add_argument("--programs", default=None, metavar="KINDS",
                         help="compile only these program kinds, comma-separated, e.g. train,decode (kinds: train, "
-                             "forward, handoff, prefill, decode; default all); the roofline covers train and "
-                             "decode when chosen")
+                             "forward, handoff, prefill, decode; a supervised run has train and forward; default "
+                             "all); the roofline covers train and decode when chosen")
     parser.add_argument("--no-roofline", action="store_true", help="skip the roofline (4 more small compiles)")
 
 
@@ -85,26 +90,34 @@ def side_lines(compiled, estimates: dict[str, int], trainer_chips: int, rollout_
     return lines
 
 
-def main(args) -> int:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from rljax.commands.train import kind_of
-    from rljax.config import ConfigError, load_config, validate
-    from rljax.rl.async_config import check_processes, split_devices
-    from rljax.rl.config import RLConfig
-    from rljax.tpu.programs import PROGRAM_KINDS, default_pages, parse_kinds, run_programs, select
-    from rljax.tpu.report import compile_run, overflow, render, roofline_programs
-    from rljax.tpu.topology import parse_slice, slice_devices, sub_slice
+@dataclass
+class Prepared:
+    """One run kind's programs for the slice, and what the report prints around them."""
 
-    kinds = PROGRAM_KINDS if args.programs is None else parse_kinds(args.programs)
-    if kind_of(args.config, args.overrides) != "rl":
-        raise ConfigError("rljax compile: only RL configs (trainer.algorithm grpo, ppo, ...) are compiled so far")
-    tpu = parse_slice(args.topology)
-    devices = slice_devices(tpu, args.num_slices)
-    cfg = load_config(RLConfig, args.config, args.overrides)
-    validate(cfg, num_devices=len(devices))
-    if cfg.model.lora.rank:
-        raise ConfigError("model.lora.rank: rljax compile builds full fine-tuning programs only so far; "
-                          "compile with model.lora.rank=0 for an upper bound")
+    run: object  # rljax.tpu.programs.RunPrograms
+    lines: list[str]  # under the title: the mesh, the model, the split, notes
+    estimates: dict[str, int]  # `rljax plan`'s per-chip bytes, by program kind (`_estimates`)
+    rooflines: Callable[[tuple[str, ...]], list]  # kinds -> their rooflines (`rljax.tpu.report.Roofline`)
+    roofline_kinds: tuple[str, ...]  # the kinds a roofline is measured for
+    replicas: int = 1  # rollout replicas (the decode bound per slice)
+    after: Callable[[list], list[str]] = lambda compiled: []  # lines under the table
+
+
+def _model_line(run) -> str:
+    return (f"mesh {dict(run.mesh.shape)}; model {run.model.model_type} {run.model.num_params() / 1e9:.2f}B params, "
+            f"{run.model.num_hidden_layers} layers")
+
+
+def prepare_rl(cfg, args, tpu, devices) -> Prepared:
+    """An RL run (`cfg`: an `RLConfig`): the train steps, batch forwards, the sampler's
+    programs and the hand-off (the module docstring), on the slice split as
+    `trainer.mode` splits it."""
+    from rljax.config import ConfigError
+    from rljax.rl.async_config import check_processes, split_devices
+    from rljax.tpu.programs import default_pages, run_programs
+    from rljax.tpu.report import roofline_programs
+    from rljax.tpu.topology import slice_devices, sub_slice
+
     pages = default_pages(cfg)
     tp = cfg.rollout.tensor_parallel_size
     mode = cfg.trainer.mode
@@ -116,34 +129,99 @@ def main(args) -> int:
     run = run_programs(cfg, train_on, num_pages=pages, all_buckets=args.all_buckets, replica_devices=replica,
                        rollout_devices=rollout_on)
     hosts = len({d.process_index for d in devices})
-    print(f"rljax compile: {args.config} for {args.num_slices} x {tpu.topology_name} ({len(devices)} chips "
-          f"{devices[0].device_kind}, {hosts} hosts; {tpu.chip.hbm_bytes / 2**30:.0f} GiB HBM per chip)")
-    print(f"mesh {dict(run.mesh.shape)}; model {run.model.model_type} {run.model.num_params() / 1e9:.2f}B params, "
-          f"{run.model.num_hidden_layers} layers; KV pool {pages} pages of {cfg.rollout.page_size} tokens"
-          + (f"; rollout {run.layout.num_replicas} replicas x tp={run.layout.tensor_parallel_size}" if run.layout
-             else ""))
+    lines = [_model_line(run) + f"; KV pool {pages} pages of {cfg.rollout.page_size} tokens"
+             + (f"; rollout {run.layout.num_replicas} replicas x tp={run.layout.tensor_parallel_size}" if run.layout
+                else "")]
     if apart:
-        print(f"trainer.mode={mode}: {len(train_on)} of the {len(devices)} chips train (mesh {dict(run.mesh.shape)}), "
-              f"{len(rollout_on)} sample ({run.layout.num_replicas} replicas x tp={run.layout.tensor_parallel_size})")
+        lines.append(f"trainer.mode={mode}: {len(train_on)} of the {len(devices)} chips train (mesh "
+                     f"{dict(run.mesh.shape)}), {len(rollout_on)} sample ({run.layout.num_replicas} replicas x "
+                     f"tp={run.layout.tensor_parallel_size})")
         try:  # what a run of this config on these hosts refuses (the programs are compiled all the same)
             check_processes(cfg, hosts, len(devices) // hosts)
         except ConfigError as e:
-            print(f"note: a run on {hosts} hosts stops here today: {e}")
-    for note in run.notes:
-        print(note)
+            lines.append(f"note: a run on {hosts} hosts stops here today: {e}")
+    estimates = _estimates(cfg, len(devices), tpu.chip.hbm_bytes / 1e9)
+
+    def after(compiled):
+        return ["", *side_lines(compiled, estimates, len(train_on), len(rollout_on))] if apart else []
+
+    return Prepared(run, lines + run.notes, estimates,
+                    lambda kinds: roofline_programs(cfg, train_on, tpu.chip, pages, kinds=kinds,
+                                                    replica_devices=replica, rollout_devices=rollout_on),
+                    ("train", "decode"), run.layout.num_replicas if run.layout else 1, after)
+
+
+def prepare_supervised(cfg, args, tpu, devices) -> Prepared:
+    """An SFT, reward-model or DPO run (`cfg`: a `RunConfig`): its train step and
+    validation forward (`rljax.tpu.supervised`) on the mesh over the whole slice."""
+    import dataclasses
+
+    from rljax.tpu.programs import model_config
+    from rljax.tpu.report import layer_rooflines
+    from rljax.tpu.supervised import supervised_programs
+
+    run = supervised_programs(cfg, devices)
+    model = model_config(cfg)
+
+    def build(layers):
+        config = None if layers is None else dataclasses.replace(model, num_hidden_layers=layers)
+        return supervised_programs(cfg, devices, config=config, single_micro_batch=True)
+
+    lines = [_model_line(run) + f"; trainer.algorithm={cfg.trainer.algorithm}"]
+    return Prepared(run, lines + run.notes, _estimates(cfg, len(devices), tpu.chip.hbm_bytes / 1e9),
+                    lambda kinds: layer_rooflines(build, model.num_hidden_layers, tpu.chip, kinds), ("train",))
+
+
+# run kind (`rljax.commands.run_kinds.run_kind`) -> how its programs are built for a slice:
+# `(config, args, slice, devices) -> Prepared`, the config read by the kind's class (`RUN_CONFIGS`)
+PREPARE: dict[str, Callable[..., Prepared]] = {"rl": prepare_rl, "supervised": prepare_supervised}
+
+
+def load_checked(args, tpu):
+    """The run config of `args.config` with its overrides, read by its run kind's class
+    and checked for the slice's chip count (`rljax.config.validate`), before libtpu is
+    loaded: a bad config is one `ConfigError` line. Also its run kind."""
+    from rljax.commands.run_kinds import RUN_CONFIGS
+    from rljax.commands.train import kind_of
+    from rljax.config import ConfigError, load_config, validate
+
+    kind = kind_of(args.config, args.overrides)
+    cfg = load_config(RUN_CONFIGS[kind], args.config, args.overrides)
+    validate(cfg, num_devices=tpu.chips * args.num_slices)
+    if cfg.model.lora.rank:
+        raise ConfigError("model.lora.rank: rljax compile builds full fine-tuning programs only so far; "
+                          "compile with model.lora.rank=0 for an upper bound")
+    return kind, cfg
+
+
+def main(args) -> int:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from rljax.tpu.programs import PROGRAM_KINDS, parse_kinds, select
+    from rljax.tpu.report import compile_run, overflow, render
+    from rljax.tpu.topology import parse_slice, slice_devices
+
+    kinds = PROGRAM_KINDS if args.programs is None else parse_kinds(args.programs)
+    tpu = parse_slice(args.topology)
+    kind, cfg = load_checked(args, tpu)
+    devices = slice_devices(tpu, args.num_slices)
+    prepared = PREPARE[kind](cfg, args, tpu, devices)
+    run = prepared.run
+    hosts = len({d.process_index for d in devices})
+    print(f"rljax compile: {args.config} for {args.num_slices} x {tpu.topology_name} ({len(devices)} chips "
+          f"{devices[0].device_kind}, {hosts} hosts; {tpu.chip.hbm_bytes / 2**30:.0f} GiB HBM per chip)")
+    for line in prepared.lines:
+        print(line)
     chosen = select(run, kinds)
     if not chosen.programs:
         raise ValueError(f"--programs {args.programs}: this run has no program of those kinds "
                          f"(it has {', '.join(dict.fromkeys(p.kind for p in run.programs))})")
     compiled = compile_run(chosen)
-    estimates = _estimates(cfg, len(devices), tpu.chip.hbm_bytes / 1e9)
-    roofline_kinds = tuple(k for k in ("train", "decode") if k in kinds)
-    rooflines = None if args.no_roofline or not roofline_kinds else roofline_programs(
-        cfg, train_on, tpu.chip, pages, kinds=roofline_kinds, replica_devices=replica, rollout_devices=rollout_on)
-    replicas = run.layout.num_replicas if run.layout else 1
-    print("\n".join(["", *render(compiled, tpu.chip, estimates, rooflines, replicas)]))
-    if apart:
-        print("\n".join(["", *side_lines(compiled, estimates, len(train_on), len(rollout_on))]))
+    roofline_kinds = tuple(k for k in prepared.roofline_kinds if k in kinds)
+    rooflines = None if args.no_roofline or not roofline_kinds else prepared.rooflines(roofline_kinds)
+    print("\n".join(["", *render(compiled, tpu.chip, prepared.estimates, rooflines, prepared.replicas)]))
+    after = prepared.after(compiled)
+    if after:
+        print("\n".join(after))
     problems = overflow(compiled, tpu.chip)
     for line in problems:
         print(f"rljax compile: {line}", file=sys.stderr)

@@ -114,30 +114,39 @@ def roofline(program: Program, zero: Compiled, one: Compiled, layers: int, chip:
                     mfu, tokens, program.kernel_bytes, program.kernel_flops)
 
 
-def roofline_programs(cfg, devices, chip: Chip, num_pages: int, kinds=("train", "decode"),
-                      replica_devices: list | None = None, rollout_devices: list | None = None) -> list[Roofline]:
-    """Rooflines of the run's first program of each of `kinds` (the actor's train step,
-    the decode step), measured on 0- and 1-layer builds of the same run
-    (`run_programs`' `devices`, `replica_devices` and `rollout_devices`)."""
-    from rljax.tpu.programs import model_config
-
-    model = model_config(cfg)
-    builds = [run_programs(cfg, devices, config=dataclasses.replace(model, num_hidden_layers=n), num_pages=num_pages,
-                           single_micro_batch=True, num_scheduler_steps=1, replica_devices=replica_devices,
-                           rollout_devices=rollout_devices)
-              for n in (0, 1)]
-    full = run_programs(cfg, devices, num_pages=num_pages, single_micro_batch=True, num_scheduler_steps=1,
-                        replica_devices=replica_devices, rollout_devices=rollout_devices)
+def layer_rooflines(build, layers: int, chip: Chip, kinds=("train", "decode")) -> list[Roofline]:
+    """Rooflines of the first program of each of `kinds` that `build(n)` makes: its costs
+    measured on the builds of 0 and 1 layers (`build(0)`, `build(1)`), extrapolated to
+    `layers`, for the full build `build(None)`. `build` makes the run's programs with one
+    micro-batch and one decode step per call (the module docstring)."""
+    zero_build, one_build, full = build(0), build(1), build(None)
     out = []
     for kind in kinds:
         index = next((i for i, p in enumerate(full.programs) if p.kind == kind), None)
         if index is None:
             continue
-        zero, one = (compile_program(b.programs[index]) for b in builds)
+        zero, one = (compile_program(b.programs[index]) for b in (zero_build, one_build))
         if zero.error or one.error:
             continue
-        out.append(roofline(full.programs[index], zero, one, model.num_hidden_layers, chip))
+        out.append(roofline(full.programs[index], zero, one, layers, chip))
     return out
+
+
+def roofline_programs(cfg, devices, chip: Chip, num_pages: int, kinds=("train", "decode"),
+                      replica_devices: list | None = None, rollout_devices: list | None = None) -> list[Roofline]:
+    """Rooflines of the RL run's first program of each of `kinds` (the actor's train
+    step, the decode step), measured on 0- and 1-layer builds of the same run
+    (`run_programs`' `devices`, `replica_devices` and `rollout_devices`)."""
+    from rljax.tpu.programs import model_config
+
+    model = model_config(cfg)
+
+    def build(layers):
+        config = None if layers is None else dataclasses.replace(model, num_hidden_layers=layers)
+        return run_programs(cfg, devices, config=config, num_pages=num_pages, single_micro_batch=True,
+                            num_scheduler_steps=1, replica_devices=replica_devices, rollout_devices=rollout_devices)
+
+    return layer_rooflines(build, model.num_hidden_layers, chip, kinds)
 
 
 def render(compiled: list[Compiled], chip: Chip, estimates: dict[str, int] | None = None,

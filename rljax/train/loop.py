@@ -33,7 +33,9 @@ from rljax.train.steps import make_train_step
 from rljax.train.tasks import make_task
 
 
-def _num_micro_batches(cfg: RunConfig, mesh) -> int:
+def num_micro_batches(cfg: RunConfig, mesh) -> int:
+    """Micro-batches per step: `data.batch_size / trainer.micro_batch_size` (0: one), both
+    split evenly over the mesh's data x fsdp."""
     batch = cfg.data.batch_size
     micro = cfg.trainer.micro_batch_size or batch
     check_batch(batch, mesh, name="data.batch_size")
@@ -68,7 +70,7 @@ def train(cfg: RunConfig) -> dict:
 
 def _train(run: Run, mesh) -> dict:
     cfg, tokenizer = run.config, run.tokenizer
-    num_micro = _num_micro_batches(cfg, mesh)
+    num_micro = num_micro_batches(cfg, mesh)
     decoder = build_decoder(cfg.model, tokenizer, mesh=mesh)
     task = make_task(cfg, decoder, mesh)
     if cfg.data.format != task.data_format:

@@ -17,7 +17,9 @@ from rljax.config import load_config
 from rljax.parallel import planned_bytes, state_shardings
 from rljax.rl.config import RLConfig
 from rljax.tpu.programs import PROGRAM_KINDS, Program, default_pages, parse_kinds, run_programs
-from rljax.tpu.report import Compiled, compile_program, overflow, roofline
+from rljax.tpu.report import Compiled, compile_program, compile_run, overflow, render, roofline
+from rljax.tpu.supervised import supervised_programs
+from rljax.train.run_config import RunConfig
 from rljax.tpu.topology import CHIPS, GiB, libtpu_available, parse_slice, slice_devices, sub_slice
 
 QUICKSTART = "configs/quickstart.yaml"
@@ -270,8 +272,15 @@ def test_compile_command_refuses_what_it_cannot_compile(capsys):
     err = capsys.readouterr().err
     assert "--programs 'train,decoding': unknown program kind 'decoding'; choose from " \
            "train, forward, handoff, prefill, decode" in err and len(err.splitlines()) == 2  # + the --debug hint
-    assert main(["compile", "configs/sft_tiny.yaml", "--topology", "v5e-4"]) == 2
-    assert "only RL configs" in capsys.readouterr().err
+    # a supervised config is read and checked like an RL one: a bad value is one line, before libtpu loads
+    assert main(["compile", "configs/sft_tiny.yaml", "data.batch_size=30", "trainer.micro_batch_size=0",
+                 "--topology", "v5e-4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rljax: error: data.batch_size of size 30 is not divisible by the data-parallel size 4 ")
+    assert len(err.splitlines()) == 2  # + the --debug hint
+    assert main(["compile", "configs/dpo_tiny.yaml", "dpo.beta=-1", "--topology", "v5e-4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rljax: error: dpo.beta: must be > 0, got -1") and len(err.splitlines()) == 2
 
 
 def test_programs_option_parses_a_subset_of_the_kinds():
@@ -336,7 +345,8 @@ def test_async_compile_splits_the_slice_and_compiles_the_union_transfer(capsys):
     split = split_devices(devices, "async", 0)
     run = run_programs(cfg, list(split.trainer), num_pages=default_pages(cfg),
                        replica_devices=slice_devices(sub_slice(tpu, 1)), rollout_devices=list(split.rollout))
-    train, transfer, reshard = run.programs[0], run.programs[2], run.programs[3]
+    train = run.programs[0]
+    transfer, reshard = [p for p in run.programs if p.kind == "handoff"]
     assert train.kind == "train" and sorted(d.id for d in train.mesh.devices.flat) == [2, 3, 6, 7]
     assert transfer.estimate == "transfer" and transfer.mesh.axis_names[0] == "role"
     trainer_row, rollout_row = transfer.mesh.devices[0].flat, transfer.mesh.devices[1].flat
@@ -358,3 +368,95 @@ def test_async_compile_on_one_host_says_the_split_and_has_no_transfer_program(ca
     assert "one host: the weights cross from the trainer's chips to the rollout chips by a jax.device_put" \
         in captured.out
     assert "--programs handoff: this run has no program of those kinds" in captured.err
+
+
+# ---- supervised runs (SFT, reward model, DPO) ----------------------------------------------------
+
+SFT, RM, DPO = "configs/sft_tiny.yaml", "configs/rm_tiny.yaml", "configs/dpo_tiny.yaml"
+SFT_KEYS = {"input_ids", "attention_mask", "segment_ids", "positions", "loss_mask"}
+PAIR_KEYS = {f"{side}_{k}" for side in ("chosen", "rejected")
+             for k in ("input_ids", "attention_mask", "positions", "loss_mask")}
+
+
+@pytest.mark.parametrize("path, overrides, train, forward, keys, frozen", [
+    # sft_tiny: 32 rows of max_length 64, trainer.micro_batch_size 16 -> 2 micro-batches
+    (SFT, [], "sft train step [32x64, 2 micro]", "validation forward (sft) [32x64]", SFT_KEYS, False),
+    (RM, [], "rm train step [32 pairs x 64, 1 micro]", "validation forward (rm) [32 pairs x 64]", PAIR_KEYS, False),
+    (DPO, ["data.val_batch_size=16", "trainer.micro_batch_size=8"], "dpo train step [32 pairs x 64, 4 micro]",
+     "validation forward (dpo + reference) [16 pairs x 64]", PAIR_KEYS, True),
+    (DPO, ["dpo.reference_free=true"], "dpo train step [32 pairs x 64, 1 micro]",
+     "validation forward (dpo) [32 pairs x 64]", PAIR_KEYS, False),
+])
+def test_supervised_programs_are_the_runs_step_and_validation_forward(path, overrides, train, forward, keys, frozen):
+    """Built on 4 CPU devices (no libtpu needed): the shapes and layouts the run gives them."""
+    cfg = load_config(RunConfig, path, overrides)
+    devices = jax.devices()[:4]
+    run = supervised_programs(cfg, devices)
+    assert [(p.name, p.kind) for p in run.programs] == [(train, "train"), (forward, "forward")]
+    step, evaluate = run.programs
+    state, batch, reference, base = step.args
+    assert base is None and set(batch) == keys
+    rows = cfg.data.batch_size
+    for value in batch.values():
+        assert value.shape == (rows, 64) and value.sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"))
+    assert batch[next(k for k in keys if k.endswith("loss_mask"))].dtype == jax.numpy.float32
+    assert batch[next(k for k in keys if k.endswith("input_ids"))].dtype == jax.numpy.int32
+    pair = 2 if keys == PAIR_KEYS else 1
+    assert step.tokens == rows * pair * 64
+    assert evaluate.tokens == (cfg.data.val_batch_size or rows) * pair * 64
+    # the validation forward reads the trained params as the step's state holds them, and the same reference
+    assert evaluate.args[0] is state.params and evaluate.args[2] is reference
+    if frozen:  # DPO's reference: the decoder's weights again, same shapes and layout, no optimizer state
+        assert jax.tree.map(lambda x: (x.shape, x.sharding), reference) == \
+            jax.tree.map(lambda x: (x.shape, x.sharding), state.params)
+    else:
+        assert reference is None
+    # the reward model trains a scalar head over the decoder ([hidden], split over fsdp like the embeddings)
+    assert ("score" in state.params) == (path == RM)
+
+
+def test_a_supervised_run_without_validation_files_has_no_validation_forward():
+    cfg = load_config(RunConfig, SFT, ["data.val_files=[]"])
+    run = supervised_programs(cfg, jax.devices()[:4])
+    assert [p.kind for p in run.programs] == ["train"]
+    assert run.notes == ["data.val_files is empty: the run does not validate (no validation forward)"]
+
+
+@needs_libtpu
+@pytest.mark.parametrize("path", [SFT, RM, DPO])
+def test_supervised_programs_compile_for_a_tpu_with_memory_per_chip(path, v5e_2x2):
+    cfg = load_config(RunConfig, path)
+    run = supervised_programs(cfg, v5e_2x2)
+    compiled = compile_run(run)
+    step, evaluate = compiled
+    for result in compiled:
+        assert result.error is None, (result.program.name, result.error)
+        assert result.fits(CHIPS["v5e"]) and result.peak_bytes > 0
+    # per chip (fsdp 4): the donated train state comes back in place; DPO's reference is read beside it
+    state, _, reference, _ = step.program.args
+    state_bytes = planned_bytes(state, jax.tree.map(lambda s: s.sharding, state))
+    reference_bytes = 0 if reference is None else planned_bytes(reference, jax.tree.map(lambda s: s.sharding,
+                                                                                         reference))
+    assert (reference_bytes > 0) == (path == DPO)
+    assert step.alias_bytes >= state_bytes > 0
+    assert step.argument_bytes >= state_bytes + reference_bytes
+    params_bytes = planned_bytes(state.params, jax.tree.map(lambda s: s.sharding, state.params))
+    assert evaluate.argument_bytes >= params_bytes + reference_bytes
+    table = render(compiled, CHIPS["v5e"], {"train": 1})
+    assert [line.split("  ")[0] for line in table[1:]] == [c.program.name for c in compiled]
+    assert "FAILED" not in "\n".join(table)
+
+
+@needs_libtpu
+def test_compile_command_compiles_a_supervised_config(capsys):
+    from rljax.cli import main
+
+    assert main(["compile", SFT, "--topology", "v5e-4", "--no-roofline"]) == 0
+    out = capsys.readouterr().out
+    assert "mesh {'data': 1, 'fsdp': 4, 'tensor': 1}; model qwen2" in out and "trainer.algorithm=sft" in out
+    rows = out[out.index("\nprogram "):].strip().splitlines()[1:]
+    assert [r.split("  ")[0] for r in rows] == ["sft train step [32x64, 2 micro]", "validation forward (sft) [32x64]"]
+    # compiled GiB per chip, and rljax plan's estimate for the train step
+    train, forward = (r.split() for r in rows)
+    assert float(train[6]) > 0 and float(train[7]) > 0 and float(forward[4]) > 0
+    assert "roofline" not in out
