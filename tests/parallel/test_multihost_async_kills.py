@@ -62,22 +62,26 @@ def test_random_kills_then_resume_train_every_sample_exactly_once(tmp_path, monk
     # 30 s wait for the other, at a collective over a new device group, runs out on a loaded 2-core machine
     monkeypatch.setattr(RLTrainer, "make_batch", recording(RLTrainer.make_batch))
     train_rl(cfg1)
+
     def run(seed):
         code, out = finish(launch(tmp_path, command, hook=armed(seed)))
         (tmp_path / f"launch.{seed}.log").write_text(out)
         return code, out
 
-    kills = 0
+    # a launch that did not end is resumed: one ended by its kill, or one whose gloo connection timed out under
+    # this machine's load (gloo waits 30 s for the other process at a new device group) before its kill
+    launches, kills, timeouts = 0, 0, 0
     code, out = run(0)
     codes = [code]
-    while code != 0:  # a kill ended the launch (the survivor is stopped, or aborts at the coordination
-        # service's error): resume, with the next random kill armed
-        assert (tmp_path / f"killed.{kills}").exists(), out[-3000:]
-        kills += 1
-        assert kills < 12, "no launch got to the end"
-        code, out = run(kills)
+    while code != 0:
+        killed = (tmp_path / f"killed.{launches}").exists()
+        assert killed or "Gloo context initialization failed" in out, out[-3000:]
+        kills, timeouts = kills + killed, timeouts + (not killed)
+        launches += 1
+        assert launches < 12, "no launch got to the end"
+        code, out = run(launches)
         codes.append(code)
-    print(f"launches killed: {kills}; exit codes {codes}")
+    print(f"launches killed: {kills}; ended by a gloo timeout: {timeouts}; exit codes {codes}")
     assert kills >= 1
 
     one = read_samples(os.path.join(run1, "samples.0.jsonl"))
