@@ -3,7 +3,9 @@
 Builds an `RLConfig` in code (no YAML): a preset or `config.json` model shape with random
 weights, rljax's character tokenizer (token ids beyond its ~100 characters decode to
 nothing, so a large-vocabulary random model still runs), the synthetic arithmetic prompts
-(`synthetic:arithmetic/rl?n=...`), an inline reward, GRPO with the k3 KL loss (so the
+(`synthetic:arithmetic/rl?n=...`), the built-in reward scored in a worker process (in
+every mode: an inline reward would be scored on the trainer's main thread, so in the
+asynchronous modes a finished rollout would wait for the update to end), GRPO with the k3 KL loss (so the
 reference forward runs). `RLTrainer.step()` runs `--steps` times, one row each; the
 first compiles every program (sampler buckets, log-prob forward, update), and a later
 step whose samples reach a new sampler bucket compiles that one (`sampler_programs`
@@ -29,10 +31,11 @@ sleep, which takes no core, so the overlap shows on a small CPU machine. In asyn
 step's generation is the time the replicas ran segments during it (`async/sampler_idle_fraction`). Per mode the
 summary compares the step time with gen + train (what a sync step costs) and with the
 ideal overlap max(gen, train): `speedup` = (gen + train) / step, `ideal` = (gen + train) /
-max(gen, train), averaged over the steps after the first `--skip` (compilation) but those
+max(gen, train), from the medians over the steps after the first `--skip` (compilation) but those
 whose sampler compiled a program (a resumed partial rollout re-prefills at new bucket
 sizes) and the last (which has no next rollout to overlap with); `vs_sync` is the sync
-step time over the mode's, when both ran. Each mode runs with its default off-policy
+step time over the mode's, when both ran. Medians, not means: in async mode a program
+the replicas start compiling in one step can hold up the next. Each mode runs with its default off-policy
 correction (`rljax.rl.presets.MODE_PRESETS`): the asynchronous modes take the sampler's
 log-probs as the old ones, so their steps have no old-log-prob forward and `vs_sync`
 counts that saving along with the overlap.
@@ -101,7 +104,7 @@ def build_config(args, run_dir: str, mode: str = "sync"):
                               num_pages=1 + rows * pages_per_row + args.prompts,
                               tensor_parallel_size=0 if mode == "sync" else 1,
                               data_parallel_size=0 if mode == "sync" else 1),
-        reward=RewardConfig(mode="inline"),
+        reward=RewardConfig(mode="process", num_workers=1),
         trainer=RLTrainerConfig(algorithm="grpo", total_steps=args.steps, default_local_dir=run_dir,
                                 experiment_name="bench_step", logger=["jsonl"], async_save=False,
                                 resume_mode="disable", save_freq=0, mode=mode),
@@ -135,7 +138,7 @@ def sampler_engines(trainer) -> list:
 
 
 def summary(mode: str, rows: list[dict], skip: int) -> dict:
-    """Mean step, generation and training seconds of `rows` after the first `skip`, less
+    """Median step, generation and training seconds of `rows` after the first `skip`, less
     the steps whose sampler compiled a program (`sampler_programs` grew) and the last; the
     training is the step less the rollout (sync: its generation; one_step_off: the wait
     for it) and the weight update; speedup and ideal as in the module docstring."""
@@ -148,16 +151,16 @@ def summary(mode: str, rows: list[dict], skip: int) -> dict:
     for r in kept:
         if mode == "async":  # the replicas' busy share of the step
             r["gen"] = r["step"] * (1.0 - r["sampler_idle"])
-    step = float(np.mean([r["step"] for r in kept]))
-    gen = float(np.mean([r["gen"] for r in kept]))
+    step = float(np.median([r["step"] for r in kept]))
+    gen = float(np.median([r["gen"] for r in kept]))
     blocked = [r["gen"] if mode == "sync" else r["wait_rollout"] for r in kept]
-    train = float(np.mean([r["step"] - b - (r["update_weights"] or 0.0) for r, b in zip(kept, blocked)]))
+    train = float(np.median([r["step"] - b - (r["update_weights"] or 0.0) for r, b in zip(kept, blocked)]))
     if mode == "sync":  # the trainer idles while the sampler generates, the sampler for the rest of the step
-        idle = {"trainer_idle": float(np.mean([r["gen"] / r["step"] for r in kept])),
-                "sampler_idle": float(np.mean([1.0 - r["gen"] / r["step"] for r in kept]))}
+        idle = {"trainer_idle": float(np.median([r["gen"] / r["step"] for r in kept])),
+                "sampler_idle": float(np.median([1.0 - r["gen"] / r["step"] for r in kept]))}
     else:
-        idle = {"trainer_idle": float(np.mean([r["trainer_idle"] for r in kept])),
-                "sampler_idle": float(np.mean([r["sampler_idle"] for r in kept]))}
+        idle = {"trainer_idle": float(np.median([r["trainer_idle"] for r in kept])),
+                "sampler_idle": float(np.median([r["sampler_idle"] for r in kept]))}
     return {"mode": mode, "steps": len(kept), "step": step, "gen": gen, "train": train, **idle,
             "speedup": (gen + train) / step, "ideal": (gen + train) / max(gen, train)}
 
