@@ -151,9 +151,10 @@ def test_rollout_rows_align_logprobs_with_ids():
 
 
 def test_step_config_is_a_grpo_run_with_a_reference(tmp_path):
+    # the reward is scored in a worker process in every mode (inline, it would wait on the trainer's main thread)
     args = cli.build_parser().parse_args(["bench", "step", "--model", "tiny", "--prompts", "4", "--n", "2"])
     cfg = step.build_config(args, str(tmp_path))
-    assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor.use_kl_loss and cfg.reward.mode == "inline"
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor.use_kl_loss and cfg.reward.mode == "process"
     assert cfg.data.batch_size == 4 and cfg.rollout.n == 2 and cfg.rollout.max_num_seqs == 8
     assert cfg.data.train_files[0].startswith("synthetic:arithmetic/rl?n=")
     assert cfg.model.hf_config["hidden_size"] == train.PRESETS["tiny"]["hidden_size"]
