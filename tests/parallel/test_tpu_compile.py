@@ -263,6 +263,7 @@ def test_decode_runs_the_tpu_paged_kernel_on_the_pool_in_place(topology, tp):
 # ---- the command line --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_compile_command_refuses_what_it_cannot_compile(capsys):
     from rljax.cli import main
 

@@ -175,6 +175,7 @@ def test_infinite_loop_costs_its_time_limit():
     assert records[0]["status"] == "timeout"
 
 
+@pytest.mark.slow
 def test_infinite_loop_on_every_test_stops_at_the_sample_cap():
     many = {"inputs": ["1 2\n"] * 8, "outputs": ["3\n"] * 8}
     s, took = _timed("while True:\n    pass", many)

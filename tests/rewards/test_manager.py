@@ -57,6 +57,7 @@ def test_hang_is_a_timeout_interrupted_in_the_worker(manager):
     assert after.scores.tolist() == [1.0] * 6 and not after.errors
 
 
+@pytest.mark.slow
 def test_call_the_alarm_cannot_stop_costs_its_worker_and_manager_keeps_working(manager):
     restarts = manager.pool_restarts
     result = manager([item("a"), item("unstoppable"), item("b"), item("a")])

@@ -21,6 +21,7 @@ def cached_vs_uncached(model, num_pages: int):
             Sampler(model, sampler_config(num_pages=num_pages, enable_prefix_caching=False)))
 
 
+@pytest.mark.slow
 def test_the_next_turn_reuses_the_conversations_pages(llama):
     cached, plain = cached_vs_uncached(llama, num_pages=64)
     try:
