@@ -79,10 +79,13 @@ def describe_sample(item: Mapping[str, Any], index: int, n: int) -> str:
 
 @dataclass(frozen=True)
 class WithKwargs:
-    """Picklable ``partial``: `fn` called with `kwargs` added (verl's ``reward_kwargs``)."""
+    """Picklable ``partial``: `fn` called with `kwargs` added (verl's ``reward_kwargs``);
+    with `sources`, only for items whose ``data_source`` is one of them (the code scorers'
+    settings, which the other scorers do not take)."""
 
     fn: Callable[..., Any]
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    sources: tuple[str, ...] | None = None  # None: every item
 
     def load(self) -> None:
         load = getattr(self.fn, "load", None)
@@ -90,33 +93,16 @@ class WithKwargs:
             load()
 
     def __call__(self, **call_kwargs: Any) -> Any:
+        if self.sources is not None and call_kwargs.get("data_source") not in self.sources:
+            return self.fn(**call_kwargs)
         return self.fn(**call_kwargs, **self.kwargs)
-
-
-@dataclass(frozen=True)
-class KwargsForSources:
-    """Picklable: `fn` called with `kwargs` added when the item's ``data_source`` is one of
-    `sources` (the code scorers' settings, which the other scorers do not take)."""
-
-    fn: Callable[..., Any]
-    sources: tuple[str, ...]
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-    def load(self) -> None:
-        load = getattr(self.fn, "load", None)
-        if callable(load):
-            load()
-
-    def __call__(self, **call_kwargs: Any) -> Any:
-        extra = self.kwargs if call_kwargs.get("data_source") in self.sources else {}
-        return self.fn(**call_kwargs, **extra)
 
 
 def describe_reward_fn(fn: Callable[..., Any], data_source: str | None = None) -> str:
     """A reward function's name for messages: ``path:name`` for a file's function,
     ``module:name`` for any other; for the registry dispatcher, the function registered
     for `data_source` when given."""
-    if isinstance(fn, (WithKwargs, KwargsForSources)):
+    if isinstance(fn, WithKwargs):
         return describe_reward_fn(fn.fn, data_source)
     if isinstance(fn, FileRewardFn):
         return f"{fn.path}:{fn.name}"
@@ -167,7 +153,7 @@ class RewardManager:
         if reward_kwargs:
             fn = WithKwargs(fn, dict(reward_kwargs))
         if code_settings is not None and self.uses_registry:
-            fn = KwargsForSources(fn, CODE_SOURCES, {"settings": code_settings})
+            fn = WithKwargs(fn, {"settings": code_settings}, CODE_SOURCES)
         self.fn = fn
         self.mode = mode
         self.on_error = on_error
