@@ -11,14 +11,11 @@ Test hooks reach the subprocesses through `sitecustomize` (tests/parallel/test_m
 import os
 import textwrap
 
-import jax
-import numpy as np
 import pytest
 
-from rljax.checkpoint import Checkpointer, abstract_like
-from rljax.parallel import make_mesh
-from rljax.rl.trainer import RLTrainer, train_rl, trainer_devices
-from tests.parallel.test_multihost_one_step_off import ASYNC, RECORD_HOOK, overrides, read_samples, recording
+from rljax.rl.trainer import RLTrainer, train_rl
+from tests.parallel.test_multihost_one_step_off import (ASYNC, RECORD_HOOK, assert_final_weights_match, overrides,
+                                                        read_samples, recording, samples_log_prob_diff)
 from tests.parallel.test_multihost_rl import configs, finish, launch, write_config
 from tests.tiny_models import tiny_qwen2_hf
 
@@ -88,25 +85,9 @@ def test_random_kills_then_resume_train_every_sample_exactly_once(tmp_path, monk
     assert [r["step"] for r in one] == list(range(1, STEPS + 1))
     for p in (0, 1):
         runs = read_samples(os.path.join(run2, f"samples.{p}.jsonl"))
-        last = {r["step"]: r for r in runs}  # a resumed launch redoes the steps after its checkpoint
-        assert sorted(last) == list(range(1, STEPS + 1)), p
-        diff = 0.0
-        for a in one:
-            b = last[a["step"]]
-            assert b["tokens"] == a["tokens"] and b["versions"] == a["versions"], (p, a["step"])
-            for x, y in zip(a["log_probs"], b["log_probs"]):
-                diff = max(diff, float(np.max(np.abs(np.asarray(x) - np.asarray(y)), initial=0.0)))
-        print(f"process {p}: {len(runs)} step records over {kills + 1} launches; the last of each step equals "
+        diff = samples_log_prob_diff(one, runs, p)
+        print(f"process {p}: {len(runs)} step records over {launches + 1} launches; the last of each step equals "
               f"1 x 8; sampler log-probs max |diff| {diff:.3g}")
         assert diff < 1e-5
 
-    with jax.set_mesh(make_mesh(cfg1.mesh, trainer_devices(cfg1))):
-        trainer = RLTrainer(cfg1)  # resumes run 1's last checkpoint: the reference weights and their layout
-        try:
-            abstract = {"actor": abstract_like(trainer.actor.state)}
-            reference = [np.asarray(x) for x in jax.tree.leaves(trainer.actor.state.params)]
-        finally:
-            trainer.close()
-    state, _, _ = Checkpointer(os.path.join(run2, "checkpoints"), async_save=False).restore(STEPS, abstract)
-    for a, b in zip(jax.tree.leaves(state["actor"].params), reference):
-        np.testing.assert_allclose(np.asarray(a), b, atol=1e-5)
+    assert_final_weights_match(cfg1, run2, STEPS)

@@ -78,6 +78,37 @@ def read_samples(path):
         return [json.loads(line) for line in f]
 
 
+def samples_log_prob_diff(one: list[dict], runs: list[dict], process: int) -> float:
+    """The 1 x 8 run's step records `one` against the last record of each step in `runs`
+    (a resumed run redoes the steps after its checkpoint): the same tokens and versions at
+    every step; -> the sampler log-probs' largest |difference|."""
+    last = {r["step"]: r for r in runs}
+    assert sorted(last) == [r["step"] for r in one], process
+    diff = 0.0
+    for a in one:
+        b = last[a["step"]]
+        assert b["tokens"] == a["tokens"] and b["versions"] == a["versions"], (process, a["step"])
+        for x, y in zip(a["log_probs"], b["log_probs"]):
+            diff = max(diff, float(np.max(np.abs(np.asarray(x) - np.asarray(y)), initial=0.0)))
+    return diff
+
+
+def assert_final_weights_match(cfg1, run2: str, step: int) -> None:
+    """The actor weights of `run2`'s checkpoint `step` equal those of the 1 x 8 run of `cfg1` (its last checkpoint)."""
+    with jax.set_mesh(make_mesh(cfg1.mesh, trainer_devices(cfg1))):
+        trainer = RLTrainer(cfg1)  # resumes run 1's last checkpoint: the reference weights and their layout
+        try:
+            abstract = {"actor": abstract_like(trainer.actor.state)}
+            reference = [np.asarray(x) for x in jax.tree.leaves(trainer.actor.state.params)]
+        finally:
+            trainer.close()
+    state, _, _ = Checkpointer(os.path.join(run2, "checkpoints"), async_save=False).restore(step, abstract)
+    restored = jax.tree.leaves(state["actor"].params)
+    assert len(restored) == len(reference)
+    for a, b in zip(restored, reference):
+        np.testing.assert_allclose(np.asarray(a), b, atol=1e-5)
+
+
 @pytest.mark.parametrize("mode", ["one_step_off", "async"])
 def test_two_processes_like_one_killed_and_resumed(tmp_path, monkeypatch, mode):
     config = write_config(tmp_path, {"model": {"tokenizer": "char", "hf_config": tiny_qwen2_hf(num_key_value_heads=2)}})
@@ -108,13 +139,7 @@ def test_two_processes_like_one_killed_and_resumed(tmp_path, monkeypatch, mode):
         # step 2 too before the kill reached it); the resumed run trains steps 2 and 3: keep each step's last record
         if mode == "one_step_off":
             assert [r["step"] for r in runs] == [1, 2, 3], p
-        runs = list({r["step"]: r for r in runs}.values())
-        assert [r["step"] for r in runs] == [1, 2, 3], p
-        diff = 0.0
-        for a, b in zip(one, runs):
-            assert b["tokens"] == a["tokens"] and b["versions"] == a["versions"], (p, a["step"])
-            for x, y in zip(a["log_probs"], b["log_probs"]):
-                diff = max(diff, float(np.max(np.abs(np.asarray(x) - np.asarray(y)), initial=0.0)))
+        diff = samples_log_prob_diff(one, runs, p)
         print(f"process {p}: same tokens and versions at steps 1-3; sampler log-probs max |diff| {diff:.3g}")
         assert diff < 1e-5
 
@@ -137,18 +162,7 @@ def test_two_processes_like_one_killed_and_resumed(tmp_path, monkeypatch, mode):
     else:
         assert max(m["async/staleness/max"] for m in m2) <= 2
 
-    with jax.set_mesh(make_mesh(cfg1.mesh, trainer_devices(cfg1))):
-        trainer = RLTrainer(cfg1)  # resumes run 1's last checkpoint: the reference weights and their layout
-        try:
-            abstract = {"actor": abstract_like(trainer.actor.state)}
-            reference = [np.asarray(x) for x in jax.tree.leaves(trainer.actor.state.params)]
-        finally:
-            trainer.close()
-    state, _, _ = Checkpointer(os.path.join(run2, "checkpoints"), async_save=False).restore(3, abstract)
-    restored = jax.tree.leaves(state["actor"].params)
-    assert len(restored) == len(reference)
-    for a, b in zip(restored, reference):
-        np.testing.assert_allclose(np.asarray(a), b, atol=1e-5)
+    assert_final_weights_match(cfg1, run2, 3)
 
 
 # ---- no hang ---------------------------------------------------------------------------------------------------
