@@ -10,6 +10,13 @@ Tasks (`task=`):
   ``"ABC"``; ``"string"`` — either, at random. Knobs: ``min_len`` / ``max_len`` of the
   lower-case word (default 3 / 8).
 
+Row knobs of every task: ``system`` (a system prompt), ``template`` (the user message, a
+format string of ``{question}``, and of ``{expression}`` — the question without its
+trailing ``=`` —, e.g. ``"What is {expression}? Answer with the number only."``; default
+the bare question) and, for rl rows, ``grading``: ``"exact"`` (default; the stripped
+response must equal the answer) or ``"last_number"`` (the last number in the response must
+equal it, as GSM8K's flexible rule reads numbers: `rljax.rewards.synthetic`).
+
 Row formats (what `rljax.data.make_dataset` reads):
 
 * sft: ``{"messages": [user question, assistant answer]}`` (optional ``system`` prompt);
@@ -17,7 +24,8 @@ Row formats (what `rljax.data.make_dataset` reads):
   "rejected": [assistant wrong answer]}``;
 * rl (verl): ``{"data_source": "synthetic/<task>", "prompt": [user], "ability": ...,
   "reward_model": {"style": "rule", "ground_truth": answer},
-  "extra_info": {"split", "index", "question", "answer"}}``.
+  "extra_info": {"split", "index", "question", "answer"}}`` (and ``"grading"`` when not
+  exact).
 
 Everything is deterministic in ``seed``. All text uses only characters of the char
 tokenizer's alphabet (`rljax.data.tokenizer.CHAR_ALPHABET`).
@@ -110,9 +118,13 @@ def wrong_answer(rng: random.Random, answer: str, kind: str) -> str:
     return answer[:k] + ch + answer[k + 1 :]
 
 
-def _user(question: str, system: str | None) -> list[dict[str, str]]:
+GRADINGS: tuple[str, ...] = ("exact", "last_number")
+
+
+def _user(question: str, system: str | None, template: str) -> list[dict[str, str]]:
     msgs = [{"role": "system", "content": system}] if system else []
-    return msgs + [{"role": "user", "content": question}]
+    content = template.format(question=question, expression=question.removesuffix("="))
+    return msgs + [{"role": "user", "content": content}]
 
 
 def make_rows(
@@ -122,14 +134,24 @@ def make_rows(
     task: str = "arithmetic",
     system: str | None = None,
     split: str = "train",
+    template: str = "{question}",
+    grading: str = "exact",
     **knobs: Any,
 ) -> list[dict[str, Any]]:
     """`n` rows of `format` ("sft" | "preference" | "rl") for `task`."""
+    if grading not in GRADINGS:
+        raise ValueError(f"unknown grading {grading!r}; expected one of {GRADINGS}")
+    try:
+        template.format(question="", expression="")
+    except (KeyError, IndexError, ValueError) as err:
+        raise ValueError(
+            f"bad template {template!r}: only {{question}} and {{expression}} may be named ({err})"
+        ) from None
     rng = random.Random(f"{task}:{format}:{seed}")
     rows: list[dict[str, Any]] = []
     for i in range(n):
         question, answer, kind = make_problem(rng, task, **knobs)
-        prompt = _user(question, system)
+        prompt = _user(question, system, template)
         if format == "sft":
             rows.append({"messages": prompt + [{"role": "assistant", "content": answer}]})
         elif format == "preference":
@@ -144,7 +166,8 @@ def make_rows(
                 "prompt": prompt,
                 "ability": "math" if kind == "arithmetic" else "string",
                 "reward_model": {"style": "rule", "ground_truth": answer},
-                "extra_info": {"split": split, "index": i, "question": question, "answer": answer},
+                "extra_info": {"split": split, "index": i, "question": question, "answer": answer}
+                | ({} if grading == "exact" else {"grading": grading}),
             })
         else:
             raise ValueError(f"unknown format {format!r}; expected sft, preference or rl")

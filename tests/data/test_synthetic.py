@@ -86,3 +86,39 @@ def test_writers_round_trip(tmp_path, char_tok):
         synthetic.write_sft_jsonl(str(tmp_path / "x.parquet"), 1)
     with pytest.raises(ValueError, match="unknown synthetic task"):
         synthetic.make_rows("sft", 1, task="sorting")
+
+
+def test_template_writes_the_user_message_of_every_format():
+    template = "What is {expression}? Answer with the number only. ({question})"
+    for fmt in ("sft", "preference", "rl"):
+        plain = synthetic.make_rows(fmt, 3, seed=4, digits=2, operators="+")
+        worded = synthetic.make_rows(fmt, 3, seed=4, digits=2, operators="+", template=template)
+        key = "messages" if fmt == "sft" else "prompt"
+        for p, w in zip(plain, worded):
+            question = p[key][0]["content"]  # the bare question, e.g. "48+37="
+            assert w[key][0]["content"] == f"What is {question[:-1]}? Answer with the number only. ({question})"
+    with pytest.raises(ValueError, match=r"bad template 'What is \{x\}\?'"):
+        synthetic.make_rows("rl", 1, template="What is {x}?")
+
+
+def test_grading_is_written_into_rl_rows():
+    exact = synthetic.make_rows("rl", 2, seed=0)
+    assert all("grading" not in row["extra_info"] for row in exact)
+    graded = synthetic.make_rows("rl", 2, seed=0, grading="last_number")
+    assert [row["extra_info"]["grading"] for row in graded] == ["last_number"] * 2
+    with pytest.raises(ValueError, match="unknown grading 'loose'"):
+        synthetic.make_rows("rl", 1, grading="loose")
+
+
+def test_spec_with_a_worded_template(tmp_path):
+    from rljax.data.synthetic_spec import materialize
+
+    spec = ("synthetic:arithmetic/rl?n=3&seed=2&digits=2&operators=%2B&grading=last_number"
+            "&template=What is {expression}? Answer with the number only.")
+    (path,) = materialize([spec], str(tmp_path))
+    rows = [json.loads(line) for line in open(path)]
+    for row in rows:
+        content = row["prompt"][0]["content"]
+        assert content == f"What is {row['extra_info']['question'][:-1]}? Answer with the number only."
+        assert row["extra_info"]["grading"] == "last_number"
+        assert "+" in content

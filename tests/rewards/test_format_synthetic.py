@@ -50,3 +50,23 @@ def test_synthetic_rows_score(task):
 
 def test_synthetic_case_matters():
     assert compute_score("synthetic/uppercase", "abc", "ABC")["score"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "response, truth, score",
+    [
+        ("The answer is 19.", "19", 1.0),
+        ("40 + 72 = 112", "112", 1.0),
+        ("40 + 72 = 110", "112", 0.0),  # the last number is the answer
+        ("112 is close, but 40 + 72 = 102", "112", 0.0),
+        ("It is 1,234.", "1234", 1.0),
+        ("19.0", "19", 1.0),
+        ("nineteen", "19", 0.0),
+        ("", "19", 0.0),
+    ],
+)
+def test_synthetic_last_number_grading(response, truth, score):
+    graded = compute_score("synthetic/arithmetic", response, truth, extra_info={"grading": "last_number"})
+    assert graded["score"] == graded["acc"] == score
+    exact = compute_score("synthetic/arithmetic", response, truth, extra_info={})
+    assert exact["score"] == float(response.strip() == truth)
