@@ -126,7 +126,8 @@ def load_tokenizer(section):
     if source == "char":
         return build_char_tokenizer()
     if not source:
-        raise ValueError("model.tokenizer: no tokenizer; set model.tokenizer (a folder or 'char') or model.path")
+        raise ValueError("model.path is empty and so is model.tokenizer: set model.path (an HF folder or a "
+                         ".gguf file), or model.tokenizer (a folder or 'char') for a model built from hf_config")
     return load_hf_tokenizer(source)
 
 

@@ -109,3 +109,12 @@ def test_an_exported_char_tokenizer_reads_every_training_text_exactly_in_transfo
         ids = char_tok.encode(text, add_special_tokens=False)
         assert loaded.encode(text, add_special_tokens=False) == ids, (type(loaded).__name__, text)
         assert loaded.decode(ids) == char_tok.decode(ids) == text
+
+
+def test_a_model_section_without_path_or_tokenizer_names_model_path():
+    from types import SimpleNamespace
+
+    from rljax.data.tokenizer import load_tokenizer
+
+    with pytest.raises(ValueError, match=r"^model.path is empty and so is model.tokenizer: set model.path"):
+        load_tokenizer(SimpleNamespace(tokenizer="", path=""))
