@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rljax.rewards import gsm8k
+from rljax.rewards.gsm8k import answers_match, extract_solution
 from rljax.rewards.registry import register_answer_extractor, register_reward
 
 SYNTHETIC_SOURCES = ("synthetic/arithmetic", "synthetic/reverse", "synthetic/uppercase", "synthetic/*")
@@ -25,8 +25,8 @@ def compute_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
 ) -> dict[str, Any]:
     if (extra_info or {}).get("grading", "exact") == "last_number":
-        pred = gsm8k.extract_solution(solution_str, method="flexible")
-        correct = pred is not None and gsm8k.answers_match(pred, ground_truth)
+        pred = extract_solution(solution_str, method="flexible")
+        correct = pred is not None and answers_match(pred, ground_truth)
     else:
         pred = solution_str.strip()
         correct = pred == str(ground_truth).strip()
