@@ -538,11 +538,13 @@ def load_hf_reward_model(
     _check_checkpoint(path, config, backbone, reader, skip, {"score.weight": score_shape})
     _fill(backbone, config, reader, dtype, mesh, skip)
     model = ScalarHeadModel(backbone, rngs=nnx.Rngs(0))
-    score = jnp.asarray(reader.get("score.weight")[0].astype(jnp.dtype(dtype)))
-    if mesh is not None:
+    score = np.asarray(reader.get("score.weight")[0]).astype(jnp.dtype(dtype))
+    if mesh is not None:  # from host memory: every process holds the same vector
         from jax.sharding import NamedSharding, PartitionSpec
 
         score = jax.device_put(score, NamedSharding(mesh, PartitionSpec()))
+    else:
+        score = jnp.asarray(score)
     model.score.set_value(score)
     return model
 

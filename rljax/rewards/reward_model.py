@@ -18,6 +18,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from rljax.data.batching import pick_bucket
 
@@ -92,7 +93,10 @@ class ScalarHeadScorer:
             for r, i in enumerate(rows):
                 ids[r, : len(seqs[i])] = seqs[i]
                 mask[r, : len(seqs[i])] = 1
-            out = np.asarray(jax.device_get(self._forward(self._state, ids, mask)), dtype=np.float32)
+            out = self._forward(self._state, ids, mask)
+            if not out.is_fully_addressable:  # a model spanning processes: every process gets every score
+                out = multihost_utils.process_allgather(out, tiled=True)
+            out = np.asarray(jax.device_get(out), dtype=np.float32)
             scores[rows] = out[: len(rows)]
         return scores
 

@@ -214,8 +214,16 @@ class RewardSources:
         return RewardSources([(source.with_manager(wrap(source.manager)) if isinstance(source, FunctionSource)
                                else source, how) for source, how in self.steps])
 
-    def score(self, batch: RewardBatch) -> RewardResult:
-        running = np.zeros(len(batch), np.float32)
+    def split(self, k: int) -> tuple["RewardSources", "RewardSources | None"]:
+        """The first `k` steps and the rest (None when nothing is left), sharing the sources:
+        scoring a batch with the first, then with the rest from the first's running score
+        (`score(batch, running=)`), gives what scoring it with all of them gives."""
+        return RewardSources(self.steps[:k]), (RewardSources(self.steps[k:]) if self.steps[k:] else None)
+
+    def score(self, batch: RewardBatch, running: np.ndarray | None = None) -> RewardResult:
+        """`running`: the score so far (an earlier part's, `split`); None starts at 0."""
+        first = running is None
+        running = np.zeros(len(batch), np.float32) if first else np.asarray(running, np.float32)
         extras: dict[str, list[Any]] = {}
         metrics: dict[str, float] = {}
         errors: dict[int, str] = {}
@@ -227,7 +235,7 @@ class RewardSources:
             check_finite(scores, batch, source.name)
             check_reductions(source, result.metrics)
             # the first source's scores are the running score as they are (bit for bit)
-            running = scores if k == 0 and how == Combine() else how(running, scores)
+            running = scores if first and k == 0 and how == Combine() else how(running, scores)
             check_finite(running, batch, f"the combined reward (after {source.name}, {how.mode} x {how.weight:g})")
             extras.update(result.extras)
             metrics.update(result.metrics)

@@ -43,10 +43,10 @@ import numpy as np
 from rljax.agent import AgentConfig, AgentLoop, Episode, RolloutSamplerAdapter, collect_metrics
 from rljax.agent.tools.registry import load_tools
 from rljax.config import load_section
-from rljax.rewards.sources import RewardBatch, RewardSources, check_finite
+from rljax.rewards.sources import RewardBatch, RewardSources
 from rljax.rl.batch import Sample
 from rljax.rl.reward_config import OverlongBufferConfig
-from rljax.rl.scoring import ScoredRollout, overlong_shaping
+from rljax.rl.scoring import ScoredRollout, assign_scores
 from rljax.rollout.params import SamplingParams
 
 TRUNCATED = ("max_response_tokens", "max_tokens_per_turn", "length", "overflow")
@@ -95,7 +95,7 @@ def _check_row_tools(prompts: dict[str, list], schemas: list[dict]) -> None:
 
 def agent_generate_and_score(sampler, rewards: RewardSources, tokenizer, prompts: dict[str, list],
                              params: SamplingParams, config: AgentConfig, group_offset: int = 0,
-                             overlong_buffer: OverlongBufferConfig | None = None) -> ScoredRollout:
+                             overlong_buffer: OverlongBufferConfig | None = None, defer: bool = False) -> ScoredRollout:
     """`params.n` agent episodes per prompt, scored by `rewards`; group ids start at
     `group_offset`. The rule or custom function grades the final answer; a reward model
     scores the whole trajectory's tokens (prompt, sampled turns and observations, exactly
@@ -144,30 +144,17 @@ def agent_generate_and_score(sampler, rewards: RewardSources, tokenizer, prompts
     conversations = [t.messages[:-1] if t.messages and t.messages[-1].get("role") == "assistant" else t.messages
                      for t in trajectories]
     batch = RewardBatch(items, [list(t.prompt_ids) + list(t.response_ids) for t in trajectories], conversations)
-    result = rewards.score(batch)
-    with np.errstate(over="ignore", invalid="ignore"):
-        totals = np.asarray([float(score) + float(t.reward) for t, score in zip(trajectories, result.scores)],
-                            np.float32)
-    check_finite(totals, batch, "the episode reward (task reward + tool / environment rewards)")
-    samples, records = [], []
-    for t, task_score in zip(trajectories, np.asarray(result.scores, np.float32)):
-        samples.append(Sample(prompt_ids=list(t.prompt_ids), response_ids=list(t.response_ids),
-                              response_mask=list(t.response_mask), response_log_probs=list(t.rollout_log_probs),
-                              group_id=int(t.group_id), score=float(task_score) + float(t.reward),
-                              truncated=t.termination in TRUNCATED, expert_ids=t.expert_ids))
-    metrics = {**result.metrics, **collect_metrics(trajectories)}
-    if overlong_buffer is not None:
-        shaped = overlong_shaping([s.score for s in samples], samples, config.max_response_tokens, overlong_buffer,
-                                  metrics)
-        for s, value in zip(samples, shaped):
-            s.score = float(value)
-    for t, item, s in zip(trajectories, items, samples):
-        score = s.score
-        records.append({"data_source": item["data_source"], "prompt_index": int(t.group_id), "score": score,
-                        "solution_str": item["solution_str"], "num_turns": float(t.num_turns),
-                        "tool_calls": float(t.tool_calls), "tool_use": float(t.tool_calls > 0)})
-    for key, values in result.extras.items():
-        for record, value in zip(records, values):
-            record[key] = value
+    samples = [Sample(prompt_ids=list(t.prompt_ids), response_ids=list(t.response_ids),
+                      response_mask=list(t.response_mask), response_log_probs=list(t.rollout_log_probs),
+                      group_id=int(t.group_id), truncated=t.termination in TRUNCATED, expert_ids=t.expert_ids)
+               for t in trajectories]
+    records = [{"data_source": item["data_source"], "prompt_index": int(t.group_id),
+                "solution_str": item["solution_str"], "num_turns": float(t.num_turns),
+                "tool_calls": float(t.tool_calls), "tool_use": float(t.tool_calls > 0)}
+               for t, item in zip(trajectories, items)]
+    rollout = ScoredRollout(samples, collect_metrics(trajectories), records)
+    assign_scores(rollout, batch, rewards.score(batch), np.asarray([float(t.reward) for t in trajectories]),
+                  config.max_response_tokens, overlong_buffer, defer)
+    metrics = rollout.metrics
     metrics["agent/tool_use_rate"] = float(np.mean([t.tool_calls > 0 for t in trajectories]))
-    return ScoredRollout(samples, metrics, records)
+    return rollout

@@ -172,9 +172,9 @@ class RLConfig:
             raise ConfigError("rollout.tensor_parallel_size: 0 samples on the training mesh, which a run of "
                               f"{processes} processes cannot do (each would schedule programs over all hosts); "
                               "set it to the devices per rollout replica (e.g. 1)")
-        if processes > 1 and (self.reward.reward_model.enable or self.reward.verifier.enable):
-            raise ConfigError("reward.reward_model / reward.verifier: not supported in a run of several processes "
-                              "(their forward spans the mesh while rollouts run per process)")
+        if processes > 1 and self.reward.verifier.enable:
+            raise ConfigError("reward.verifier: not supported in a run of several processes (its sampler would "
+                              "span every process's devices; a reward model is: reward.reward_model)")
         check_processes(self, processes, jax.local_device_count())
         if num_devices is None:
             return

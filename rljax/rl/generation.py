@@ -35,7 +35,7 @@ from rljax.rl.config import RLConfig
 from rljax.rl.main_thread import OnMainThread
 from rljax.rl.model_rewards import build_model_rewards
 from rljax.rl.replica_rollout import ReplicatedRollout
-from rljax.rl.scoring import ScoredRollout, generate_and_score
+from rljax.rl.scoring import ScoredRollout, generate_and_score, settle
 from rljax.rollout.cross_transfer import UnionTransfer
 from rljax.rollout.params import SamplingParams
 from rljax.rollout.replicas import ReplicaLayout
@@ -86,14 +86,16 @@ def make_reward_sources(cfg: RLConfig, tokenizer, policy=None, policy_params: Ca
     return RewardSources([(FunctionSource(manager, zero_where_no_rule=bool(models)), Combine())] + models)
 
 
-def make_rollout_fn(sampler: Sampler, rewards: RewardSources, tokenizer, cfg: RLConfig, agent=None) -> RolloutFn:
+def make_rollout_fn(sampler: Sampler, rewards: RewardSources, tokenizer, cfg: RLConfig, agent=None,
+                    defer: bool = False) -> RolloutFn:
     """`rollout(prompts, params, offset) -> ScoredRollout`: agent episodes when `agent` (an
-    `AgentConfig`) is given, else single-turn sampling; scored by `rewards`."""
+    `AgentConfig`) is given, else single-turn sampling; scored by `rewards` (`defer`: the
+    first part of the sources, the rest score the gathered batch: `Generation.settle`)."""
     if agent is not None:
         return lambda prompts, params, offset: agent_generate_and_score(
-            sampler, rewards, tokenizer, prompts, params, agent, offset, cfg.reward.overlong_buffer)
+            sampler, rewards, tokenizer, prompts, params, agent, offset, cfg.reward.overlong_buffer, defer)
     return lambda prompts, params, offset: generate_and_score(
-        sampler.generate, rewards, tokenizer, prompts, params, cfg, offset)
+        sampler.generate, rewards, tokenizer, prompts, params, cfg, offset, defer)
 
 
 def rollout_layout(cfg: RLConfig) -> ReplicaLayout:
@@ -149,6 +151,9 @@ class Generation:
         r = cfg.rollout
         self.cfg, self.tokenizer, self.agent = cfg, tokenizer, agent
         self.rewards = make_reward_sources(cfg, tokenizer, decoder, policy_params, mesh)
+        # with replicas, the rule scores each replica's samples where they are sampled; the
+        # model sources (their programs span the training mesh) score the gathered batch
+        self.rule_rewards, self.batch_rewards = self.rewards.split(1)
         self.sampler = self.replicas = None
         self._score_lock = threading.Lock()
         if r.tensor_parallel_size:
@@ -162,13 +167,27 @@ class Generation:
             self.sampler = make_sampler(cfg, decoder)
 
     def _rollout_on(self, sampler: Sampler, prompts: dict, params: SamplingParams, offset: int) -> ScoredRollout:
-        return make_rollout_fn(sampler, self.replica_rewards(), self.tokenizer, self.cfg, self.agent)(
-            prompts, params, offset)
+        return make_rollout_fn(sampler, self.replica_rewards(), self.tokenizer, self.cfg, self.agent,
+                               defer=self.batch_rewards is not None)(prompts, params, offset)
 
     def replica_rewards(self) -> RewardSources:
         """The reward sources as the replicas' threads (and the async stream's) reach them
-        (`_replica_manager`)."""
-        return self.rewards if self.replicas is None else self.rewards.with_function_managers(self._replica_manager)
+        (`_replica_manager`): the rule alone when model sources score the gathered batch
+        (`settle`)."""
+        if self.replicas is None:
+            return self.rewards
+        return self.rule_rewards.with_function_managers(self._replica_manager)
+
+    def settle(self, rollout: ScoredRollout) -> ScoredRollout:
+        """A gathered rollout scored by the model sources over the whole batch (a no-op
+        when none is configured). Identical on every process; their programs span every
+        process's devices, so with several processes they run on the main thread, where
+        every process makes its cross-process calls in the same order."""
+        if rollout.pending is None:
+            return rollout
+        fn = lambda: settle(rollout, self.batch_rewards, self.cfg.reward.overlong_buffer)  # noqa: E731
+        main = self.replicas.main_thread
+        return fn() if jax.process_count() == 1 or main.on_owner else main.call(fn)
 
     def rollout_with(self, sampler: Sampler) -> RolloutFn:
         """`rollout(prompts, params, offset)` on `sampler` (not the run's replicas), on the calling thread."""
@@ -188,7 +207,7 @@ class Generation:
         """Sample and score `prompts` (groups numbered from `offset`); with replicas, every
         process returns the whole rollout."""
         if self.replicas is not None:
-            return self.replicas.run(self._rollout_on, prompts, params, offset)
+            return self.settle(self.replicas.run(self._rollout_on, prompts, params, offset))
         return self._rollout_on(self.sampler, prompts, params, offset)
 
     def update_params(self, params) -> dict[str, float]:

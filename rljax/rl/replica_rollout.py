@@ -40,7 +40,7 @@ from flax import nnx
 from rljax.hostsync import allgather_objects, wait_for_processes
 from rljax.metrics import reduce_metrics
 from rljax.rl.main_thread import MainThreadCalls
-from rljax.rl.scoring import ScoredRollout
+from rljax.rl.scoring import PendingScores, ScoredRollout
 from rljax.rollout.assign import Assignment, Group, assign_groups
 from rljax.rollout.handoff import HandOffCache, HandOffReport, timed_hand_off
 from rljax.rollout.params import SamplingParams
@@ -63,7 +63,11 @@ def merge_rollouts(parts: Sequence[ScoredRollout], sizes: Sequence[int]) -> Scor
     number of samples), counts summed, maxima and minima kept."""
     samples = [s for part in parts for s in part.samples]
     records = [r for part in parts for r in part.records]
-    return ScoredRollout(samples, reduce_metrics([part.metrics for part in parts], sizes), records)
+    pending = [part.pending for part in parts if part.pending is not None]
+    if pending and len(pending) != len(parts):
+        raise ValueError("merge_rollouts: some parts are scored by every source, others are not")
+    return ScoredRollout(samples, reduce_metrics([part.metrics for part in parts], sizes), records,
+                         PendingScores.concat(pending) if pending else None)
 
 
 class ReplicatedRollout:

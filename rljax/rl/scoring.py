@@ -16,10 +16,36 @@ import numpy as np
 
 from rljax.metrics import reduce_metrics
 from rljax.rewards.overlong import apply_overlong_penalty
-from rljax.rewards.sources import RewardBatch, RewardSources
+from rljax.rewards.result import RewardResult
+from rljax.rewards.sources import RewardBatch, RewardSources, check_finite
 from rljax.rl.batch import Sample
 from rljax.rl.config import OverlongBufferConfig, RLConfig
 from rljax.rollout.params import SamplingParams
+
+
+@dataclass
+class PendingScores:
+    """What a rollout's samples still need from the reward sources that score a whole batch
+    at once (a reward model over the training mesh, after the replicas' results are
+    gathered): their `RewardBatch`, the score so far (the rule's), what is added after the
+    sources (an agent episode's tool / environment rewards; 0 for a single turn), and the
+    response budget that overlong shaping measures against."""
+
+    batch: RewardBatch
+    scores: np.ndarray  # float32 [N]
+    bonus: np.ndarray  # float64 [N]
+    max_length: int
+
+    @staticmethod
+    def concat(parts: "list[PendingScores]") -> "PendingScores":
+        lengths = {p.max_length for p in parts}
+        if len(lengths) != 1:
+            raise ValueError(f"pending scores with different response budgets {sorted(lengths)}")
+        prompts = None if any(p.batch.prompts is None for p in parts) else [x for p in parts for x in p.batch.prompts]
+        batch = RewardBatch([x for p in parts for x in p.batch.items],
+                            [x for p in parts for x in p.batch.sequences], prompts)
+        return PendingScores(batch, np.concatenate([p.scores for p in parts]).astype(np.float32),
+                             np.concatenate([p.bonus for p in parts]), lengths.pop())
 
 
 @dataclass
@@ -27,6 +53,44 @@ class ScoredRollout:
     samples: list[Sample]
     metrics: dict[str, float] = field(default_factory=dict)
     records: list[dict[str, Any]] = field(default_factory=list)  # per-sample info for evaluation
+    pending: PendingScores | None = None  # set while batch-wide sources have not scored it (`settle`)
+
+
+def assign_scores(rollout: ScoredRollout, batch: RewardBatch, result: RewardResult, bonus: np.ndarray,
+                  max_length: int, buffer: OverlongBufferConfig | None, defer: bool = False) -> ScoredRollout:
+    """The reward sources' `result` for `rollout`'s samples (in order): each sample's score
+    is ``result + bonus``, then DAPO's overlong shaping against `max_length` (`buffer`),
+    into `Sample.score` and the records (with the sources' per-sample extras); the sources'
+    metrics join the rollout's. `defer`: the result is a first part's (the rule's), more
+    sources score the gathered batch later (`settle`): the shaping waits for them."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        totals = (np.asarray(result.scores, np.float32).astype(np.float64) + bonus).astype(np.float32)
+    if np.any(bonus):
+        check_finite(totals, batch, "the episode reward (task reward + tool / environment rewards)")
+    rollout.metrics.update(result.metrics)
+    if defer:
+        rollout.pending = PendingScores(batch, np.asarray(result.scores, np.float32), bonus, max_length)
+    else:
+        rollout.pending = None
+        if buffer is not None:
+            totals = overlong_shaping(totals, rollout.samples, max_length, buffer, rollout.metrics)
+    for s, score, record in zip(rollout.samples, totals, rollout.records):
+        s.score = float(score)
+        record["score"] = float(score)
+    for key, values in result.extras.items():
+        for record, value in zip(rollout.records, values):
+            record[key] = value
+    return rollout
+
+
+def settle(rollout: ScoredRollout, rest: RewardSources | None, buffer: OverlongBufferConfig) -> ScoredRollout:
+    """A rollout scored by a first part of the sources (`assign_scores(defer=True)`), scored
+    by the `rest` of them over the whole batch and shaped: as if all had scored it at once."""
+    pending = rollout.pending
+    if pending is None:
+        return rollout
+    result = rest.score(pending.batch, running=pending.scores) if rest is not None else RewardResult(pending.scores)
+    return assign_scores(rollout, pending.batch, result, pending.bonus, pending.max_length, buffer)
 
 
 def generate_and_score(
@@ -37,20 +101,23 @@ def generate_and_score(
     params: SamplingParams,
     cfg: RLConfig,
     group_offset: int = 0,
+    defer: bool = False,
 ) -> ScoredRollout:
     """Sample `params.n` responses per prompt and score them with `rewards` (the rule or
     custom function, then a reward model / verifier when configured); group ids start at
     `group_offset` so several generation batches can share one batch."""
     # prompt i samples stream params.stream + group_offset + i (Sampler.generate numbers from the base)
     completions = generate(prompts["prompt_ids"], dataclasses.replace(params, stream=params.stream + group_offset))
-    return score_completions(completions, rewards, tokenizer, prompts, cfg, group_offset)
+    return score_completions(completions, rewards, tokenizer, prompts, cfg, group_offset, defer)
 
 
 def score_completions(completions: list, rewards: RewardSources, tokenizer, prompts: dict[str, list], cfg: RLConfig,
-                      group_offset: int = 0) -> ScoredRollout:
+                      group_offset: int = 0, defer: bool = False) -> ScoredRollout:
     """Score the sampler's completions of `prompts` (each completion's `request_index` is
     its prompt's row; group ids are `group_offset` + row) with `rewards`; each sample's
-    `policy_version` is the oldest version among its tokens' (`Completion.policy_versions`)."""
+    `policy_version` is the oldest version among its tokens' (`Completion.policy_versions`).
+    `defer`: `rewards` are the first part of the run's sources; the rest score the gathered
+    batch (`settle`)."""
     items, samples, records = [], [], []
     for c in completions:
         i = int(c.request_index)
@@ -71,19 +138,11 @@ def score_completions(completions: list, rewards: RewardSources, tokenizer, prom
         records.append({"data_source": prompts["data_source"][i], "prompt_index": group_offset + i,
                         "solution_str": text})
     raw = prompts.get("raw_prompt")
-    result = rewards.score(RewardBatch(
-        items, [s.prompt_ids + s.response_ids for s in samples],
-        None if raw is None else [raw[int(c.request_index)] for c in completions]))
-    metrics = dict(result.metrics)
-    scores = overlong_shaping(result.scores, samples, cfg.rollout.response_length, cfg.reward.overlong_buffer,
-                              metrics)
-    for s, score, record in zip(samples, scores, records):
-        s.score = float(score)
-        record["score"] = float(score)
-    for key, values in result.extras.items():
-        for record, value in zip(records, values):
-            record[key] = value
-    return ScoredRollout(samples, metrics, records)
+    batch = RewardBatch(items, [s.prompt_ids + s.response_ids for s in samples],
+                        None if raw is None else [raw[int(c.request_index)] for c in completions])
+    return assign_scores(ScoredRollout(samples, {}, records), batch, rewards.score(batch),
+                         np.zeros(len(samples)), cfg.rollout.response_length, cfg.reward.overlong_buffer,
+                         defer)
 
 
 SCORE_METRICS = ("score", "seq_reward", "seq_final_reward")  # verl's names for the sequence score

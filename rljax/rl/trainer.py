@@ -144,7 +144,8 @@ class RLTrainer:
         rewards = generation.replica_rewards()
 
         def score(completions, prompts) -> ScoredRollout:
-            return score_completions(completions, rewards, self.tokenizer, prompts, cfg, 0)
+            defer = generation.batch_rewards is not None
+            return generation.settle(score_completions(completions, rewards, self.tokenizer, prompts, cfg, 0, defer))
 
         a = cfg.async_
 

@@ -251,3 +251,39 @@ def test_two_processes_ppo_killed_resumed_and_evaluated_like_one(tmp_path):
     assert "val-core/ragged/reward/mean@2" in evaluated and "val-aux/ragged/reference/nll" in evaluated
     for key, value in evaluated.items():
         np.testing.assert_allclose(value, final[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_two_processes_score_with_a_reward_model_like_one(tmp_path):
+    """A reward model (added to the rule's score) on 2 processes: each process's replicas
+    score their samples with the rule, then every process scores the gathered batch with the
+    reward model over the 8-device training mesh; the rewards, losses and checkpoint equal
+    the one-process run's, at each of two steps."""
+    from rljax.data.tokenizer import build_char_tokenizer
+    from rljax.models import save_hf
+    from tests.rl.test_model_rewards import random_rm
+
+    (tmp_path / "reward.py").write_text(DIGIT_REWARD)
+    rm_path = tmp_path / "rm"
+    save_hf(random_rm(tied=True), str(rm_path), tokenizer=build_char_tokenizer())
+    config = write_config(tmp_path, {"model": {"tokenizer": "char", "hf_config": tiny_qwen2_hf(num_key_value_heads=2)}})
+    overrides = [
+        *COMMON, "trainer.algorithm=grpo", "trainer.total_steps=2", "trainer.save_freq=2", "trainer.test_freq=0",
+        f"data.train_files=[{ragged_rows(tmp_path / 'train.jsonl', 32)}]", "data.train_batch_size=8",
+        "data.max_prompt_length=64", "rollout.n=2", "rollout.response_length=8", "rollout.max_num_seqs=16",
+        "rollout.num_pages=128", "rollout.page_size=8", "actor.ppo_mini_batch_size=8",
+        f"reward.custom_reward_function.path={tmp_path / 'reward.py'}", "reward.mode=inline",
+        "reward.reward_model.enable=true", f"reward.reward_model.path={rm_path}", "reward.reward_model.batch_size=8",
+        "reward.reward_model.combine=add", "reward.reward_model.weight=0.5"]
+    (cfg1, _), run1, run2 = configs(tmp_path, config, overrides)
+    proc = launch(tmp_path, ["train", config, *overrides, f"trainer.default_local_dir={tmp_path / 'two'}"])
+    try:
+        train_rl(cfg1)
+    finally:
+        code, out = finish(proc)
+    assert code == 0, out[-5000:]
+    m1, m2 = metrics(run1), metrics(run2)
+    assert [m["step"] for m in m1] == [1, 2]
+    assert all(np.ptp([m["reward_model/score/max"], m["reward_model/score/min"]]) > 0 for m in m1)
+    assert_metrics_agree(m1, m2, COMPARED + ("reward_model/score/mean", "reward_model/score/max",
+                                             "reward_model/score/min"))
+    assert_checkpoints_agree(cfg1, run2, 2)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -370,3 +371,45 @@ def test_grpo_step_rewards_are_reward_model_scores(tmp_path, rm_dirs, tok):
         assert s.score == pytest.approx(digits + 2.0 * r["verifier_score"], abs=1e-6)
     assert judged.metrics["verifier/parse_failures"] == failures
     print("self-verifier verdicts:", [r["verifier_output"] for r in judged.records])
+
+
+def test_replicas_score_the_gathered_batch_with_the_reward_model(tmp_path, rm_dirs):
+    """8 rollout replicas of a device each (4 get prompts): the rule scores each replica's
+    samples, the reward model the gathered batch over the training mesh; each sample's reward is the digit
+    fraction + 0.5 x transformers' RM score, then DAPO's overlong penalty (by hand)."""
+    _, rm_path = rm_dirs[True]
+    cfg = make_config(tmp_path, "trainer.total_steps=1", "data.train_batch_size=4", "rollout.n=2",
+                      "actor.ppo_mini_batch_size=4", "rollout.tensor_parallel_size=1",
+                      "reward.reward_model.enable=true", f"reward.reward_model.path={rm_path}",
+                      "reward.reward_model.batch_size=8", "reward.reward_model.combine=add",
+                      "reward.reward_model.weight=0.5", "reward.overlong_buffer.enable=true",
+                      "reward.overlong_buffer.len=4", "reward.overlong_buffer.penalty_factor=2.0")
+    trainer = RLTrainer(cfg)
+    assert trainer.generation.replicas.layout.num_replicas == 8
+    (rm_source, _), = trainer.generation.batch_rewards.steps
+    calls = []  # (samples scored, on the main thread) per reward model call
+    score = rm_source.score
+    rm_source.score = lambda b: calls.append((len(b), threading.current_thread() is threading.main_thread())) or score(b)
+    captured = capture_batches(trainer)
+    try:
+        metrics = trainer.step()
+    finally:
+        trainer.close()
+    rollout, batch = captured["rollout"], captured["batch"]
+    assert rollout.pending is None and len(rollout.samples) == 8
+    assert calls == [(8, True)]  # once, over the whole batch
+    hf_model = AutoModelForSequenceClassification.from_pretrained(rm_path).eval()
+    hf_model.config.pad_token_id = None
+    rm = np.asarray([hf_scores(hf_model, np.asarray([s.prompt_ids + s.response_ids]))[0] for s in rollout.samples])
+    lengths = np.asarray([len(s.response_ids) for s in rollout.samples])
+    assert np.ptp(rm) > 0 and lengths.max() > 4  # some responses reach into the buffer
+    penalty = np.minimum(-(lengths - (8 - 4)) / 4 * 2.0, 0.0)
+    digits = np.asarray([sum(c.isdigit() for c in r["solution_str"]) / max(len(r["solution_str"]), 1)
+                         for r in rollout.records])
+    expected = digits + 0.5 * rm + penalty
+    np.testing.assert_allclose([s.score for s in rollout.samples], expected, atol=1e-5)
+    np.testing.assert_allclose([r["score"] for r in rollout.records], expected, atol=1e-5)
+    np.testing.assert_allclose([r["reward_model_score"] for r in rollout.records], rm, atol=1e-5)
+    np.testing.assert_allclose(batch.token_level_scores.sum(-1), expected, atol=1e-5)
+    assert metrics["reward_model/score/mean"] == pytest.approx(float(rm.mean()), abs=1e-5)
+    assert metrics["reward/overlong_reward/mean"] == pytest.approx(float(penalty.mean()), abs=1e-6)
