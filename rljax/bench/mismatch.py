@@ -35,6 +35,12 @@ recorded experts used in place of its own top-k):
 rounding of the trainer's float32 weights (a bf16 rollout engine beside an fp32
 trainer): routing then differs on some tokens, which routing replay removes.
 
+`--compute-dtype bfloat16` with `--dtypes float32` is mixed precision: float32 weights,
+bfloat16 matmuls, in the trainer and (unless `--sampler-dtype`) in the sampler. Adding
+`--sampler-dtype bfloat16` then measures what a bfloat16 weight hand-off
+(`rollout.weight_dtype`) adds: the sampler holds the bfloat16 rounding of the trainer's
+float32 weights and computes in bfloat16, the trainer keeps float32 weights.
+
 `--seeds N` repeats the measurement over seeds seed .. seed + N - 1 (model, prompts and
 sampling) and prints mean +- sd over them; `--init-std 0.02,0.2` measures several
 weight scales (a larger one gives the router more decisive, more trained-like logits).
@@ -46,7 +52,7 @@ import argparse
 
 HELP = "Max / mean |rollout log_prob - trainer log_prob| over sampled tokens (bf16 by default)."
 
-COLUMNS = ["model", "init_std", "dtype", "sampler_dtype", "attention", "sampler_attention", "prompts", "n", "prompt_len", "new_tokens",
+COLUMNS = ["model", "init_std", "dtype", "compute_dtype", "sampler_dtype", "attention", "sampler_attention", "prompts", "n", "prompt_len", "new_tokens",
            "tokens", "max_abs", "mean_abs", "p99_abs", "mean_log_prob", "rollout_vs_fp32_max", "rollout_vs_fp32_mean",
            "trainer_vs_fp32_max", "trainer_vs_fp32_mean"]  # fmt: skip
 MOE_COLUMNS = ["seed", "routing_differs_pct", "replay_max_abs", "replay_mean_abs"]  # mixtures of experts add these
@@ -62,11 +68,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="std of the random weights, comma-separated for several (0: the config's "
                         "initializer_range, 0.02); larger gives more peaked, more trained-like distributions")
     p.add_argument("--dtypes", default="bfloat16", help="comma-separated model dtypes (params and compute)")
+    p.add_argument("--compute-dtype", default="",
+                   help="matmul dtype of the trainer and the sampler (empty: each side's weight dtype)")
     p.add_argument("--attention", default="xla,auto", help="comma-separated trainer attention kernels")
     p.add_argument("--sampler-attention", default="auto", choices=["auto", "reference", "pallas", "pallas_tpu"])
     p.add_argument("--sampler-dtype", default="",
-                   help="the sampler's weights and compute in this dtype (the trainer's rounded to it); "
-                        "empty: each --dtypes entry, as the trainer")
+                   help="the sampler's weights in this dtype (the trainer's rounded to it), and its compute "
+                        "unless --compute-dtype; empty: each --dtypes entry, as the trainer")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--n", type=int, default=4, help="samples per prompt")
     p.add_argument("--prompt-len", type=int, default=64)
@@ -147,15 +155,18 @@ def measure_dtype(args, config, dtype: str, kernels: list[str]) -> list[dict]:
     from rljax.models.attention import choose_attention
     from rljax.rollout import KVCacheConfig, Sampler, SamplerConfig, SamplingParams
 
-    policy = DTypePolicy(dtype, dtype)
+    compute = args.compute_dtype or dtype
+    policy = DTypePolicy(dtype, compute)
     sampler_dtype = args.sampler_dtype or dtype
+    sampler_policy = DTypePolicy(sampler_dtype, args.compute_dtype or sampler_dtype)
     if args.path:
-        model = load_hf(args.path, dtype=dtype)
-        sampler_model = model if sampler_dtype == dtype else load_hf(args.path, dtype=sampler_dtype)
+        model = load_hf(args.path, dtype=dtype, compute_dtype=compute)
+        sampler_model = model if sampler_policy == policy else load_hf(
+            args.path, dtype=sampler_dtype, compute_dtype=sampler_policy.compute_dtype)
     else:  # the same normal draws, each rounded to its dtype
         model = init_model(config, seed=args.seed, policy=policy)
-        sampler_model = model if sampler_dtype == dtype else init_model(
-            config, seed=args.seed, policy=DTypePolicy(sampler_dtype, sampler_dtype))
+        sampler_model = model if sampler_policy == policy else init_model(config, seed=args.seed,
+                                                                          policy=sampler_policy)
     rng = np.random.default_rng(args.seed)
     prompts = rng.integers(0, config.vocab_size, size=(args.prompts, args.prompt_len)).tolist()
     rows_total = args.prompts * args.n
@@ -195,7 +206,7 @@ def measure_dtype(args, config, dtype: str, kernels: list[str]) -> list[dict]:
                    "replay_max_abs": float(replay_diff.max()), "replay_mean_abs": float(replay_diff.mean())}
         rows.append({**moe,
             "model": args.path or args.model, "init_std": None if args.path else config.initializer_range,
-            "dtype": dtype, "sampler_dtype": sampler_dtype, "attention": resolved if resolved == kernel else f"{kernel}->{resolved}",
+            "dtype": dtype, "compute_dtype": compute, "sampler_dtype": sampler_dtype, "attention": resolved if resolved == kernel else f"{kernel}->{resolved}",
             "sampler_attention": args.sampler_attention, "prompts": args.prompts, "n": args.n,
             "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "tokens": int(diff.size),
             "max_abs": float(diff.max()), "mean_abs": float(diff.mean()), "p99_abs": float(np.quantile(diff, 0.99)),

@@ -64,8 +64,12 @@ def _estimates(cfg, devices: int, hbm_gb: float) -> dict[str, int]:
     if plan.rollout is not None:
         out["decode"] = out["prefill"] = plan.rollout.weights_bytes + plan.rollout.kv_bytes
         out["handoff"] = 2 * plan.rollout.weights_bytes
-    # the union transfer: each chip holds one block of a trainer chip's params in and one out
-    out["transfer"] = 2 * next(nbytes for name, nbytes in plan.rows if name.startswith("params"))
+    # the union transfer: each chip holds one block of a trainer chip's params (cast as the replicas hold them)
+    # in and one out
+    params = next(nbytes for name, nbytes in plan.rows if name.startswith("params"))
+    if plan.rollout is not None:
+        params = params * plan.rollout.weights_bytes // plan.rollout.uncast_weights_bytes
+    out["transfer"] = 2 * params
     return out
 
 

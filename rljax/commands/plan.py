@@ -26,6 +26,7 @@ Rows (bytes per device):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -211,16 +212,22 @@ def kv_cache_bytes(cfg, seqs: int, length: int, mesh, dtype_bytes: int) -> int:
 class RolloutPlan:
     """The replicas of `rollout.tensor_parallel_size >= 1` (`rljax.rollout.replicas`).
 
-    weights_bytes: one replica device's share of the weights (split over tp only).
+    weight_dtype: the dtype the replicas hold the weights in (`rollout.weight_dtype`).
+    weights_bytes: one replica device's share of the weights (split over tp only), in it.
+    uncast_weights_bytes: the same in the trainer's parameter dtype (what an uncast
+        hand-off moves and a replica holds).
     kv_bytes: one replica device's share of its pool (`kv_bytes_per_device`).
     sequences: full-length sequences (prompt + response, whole pages each) the pool's
         usable pages hold (page 0 is the null page).
     handoff_bytes: the hand-off's transient per device: the new copy of the weights
-        exists until the sampler drops the old one.
+        exists until the sampler drops the old one (with a cast, on devices shared with
+        training, also the cast copy in the training layout, until the reshard has read it).
     """
 
     dp: int
     tp: int
+    weight_dtype: str
+    uncast_weights_bytes: int
     pages: int
     page_size: int
     seq_len: int
@@ -231,11 +238,13 @@ class RolloutPlan:
 
 
 def rollout_plan(cfg, params, devices: int, rollout, seq_len: int, kv_seqs: int | None, kv_len: int | None,
-                 dtype) -> RolloutPlan:
-    """Per-device memory of the rollout replicas. Pages: `rollout.num_pages` (each
-    replica's pool), else room for `kv_seqs` (default `rollout.max_num_seqs`) sequences
-    of `kv_len` (default prompt + response) tokens per replica, plus the null page."""
+                 dtype, weight_dtype: str) -> RolloutPlan:
+    """Per-device memory of the rollout replicas, holding the weights in `weight_dtype`.
+    Pages: `rollout.num_pages` (each replica's pool), else room for `kv_seqs` (default
+    `rollout.max_num_seqs`) sequences of `kv_len` (default prompt + response) tokens per
+    replica, plus the null page."""
     from rljax.parallel import MeshConfig, ShardingError, abstract_mesh, planned_bytes, state_shardings
+    from rljax.rollout.handoff import cast_shapes
     from rljax.rollout.kv_cache import CacheShape
     from rljax.rollout.replicas import kv_bytes_per_device
 
@@ -245,10 +254,12 @@ def rollout_plan(cfg, params, devices: int, rollout, seq_len: int, kv_seqs: int 
         raise ShardingError(f"rollout.data_parallel_size={dp} x rollout.tensor_parallel_size={tp} does not fit "
                             f"the {devices} devices")
     replica = abstract_mesh(MeshConfig(data=1, fsdp=1, tensor=tp), tp)
-    weights = planned_bytes(params, state_shardings(params, replica))
+    replica_shardings = state_shardings(params, replica)
+    uncast = planned_bytes(params, replica_shardings)
+    weights = planned_bytes(cast_shapes(params, weight_dtype), replica_shardings)
     pages = rollout.num_pages or (kv_seqs or rollout.max_num_seqs) * -(-(kv_len or seq_len) // page_size) + 1
     shape = CacheShape(cfg.num_hidden_layers, pages, page_size, cfg.num_key_value_heads, cfg.head_dim, dtype)
-    return RolloutPlan(dp=dp, tp=tp, pages=pages, page_size=page_size, seq_len=seq_len,
+    return RolloutPlan(dp=dp, tp=tp, weight_dtype=str(weight_dtype), uncast_weights_bytes=uncast, pages=pages, page_size=page_size, seq_len=seq_len,
                        sequences=(pages - 1) // -(-seq_len // page_size), weights_bytes=weights,
                        kv_bytes=kv_bytes_per_device(shape, tp), handoff_bytes=weights)
 
@@ -391,7 +402,13 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
     plan.kv.append(("kv cache per cached token (one sequence)", per_token))
     if rl and rl.rollout.tensor_parallel_size:  # replicas: their pools replace the training-mesh sampler's
         plan.rollout = rollout_plan(cfg, params, n_rollout, rl.rollout, rl.row_length, kv_seqs, kv_len,
-                                    jnp.dtype(kv_dtype or policy.compute))
+                                    jnp.dtype(kv_dtype or policy.compute), rl.rollout_weight_dtype)
+        if not split and plan.rollout.weights_bytes != plan.rollout.uncast_weights_bytes:
+            from rljax.rollout.handoff import cast_shapes
+
+            # the cast copy in the training layout lives until the reshard has read it
+            cast_bytes = planned_bytes(cast_shapes(params, rl.rollout_weight_dtype), param_shardings)
+            plan.rollout = dataclasses.replace(plan.rollout, handoff_bytes=plan.rollout.handoff_bytes + cast_bytes)
         plan.kv = []
     if device_memory_gb:
         limit = int(device_memory_gb * 1e9)
@@ -429,9 +446,11 @@ def render(plan: Plan) -> str:
     rollout_rows = []
     if plan.rollout is not None:
         r = plan.rollout
-        rollout_rows = [("rollout weights per device (split over tp)", r.weights_bytes),
-                        ("rollout kv cache per device (one replica's pool / tp)", r.kv_bytes),
-                        ("weight hand-off transient per device (new copy)", r.handoff_bytes)]
+        rollout_rows = [(f"rollout weights per device (split over tp, {r.weight_dtype})", r.weights_bytes)]
+        if r.uncast_weights_bytes != r.weights_bytes:
+            rollout_rows.append(("  uncast (rollout.weight_dtype = the parameters' dtype)", r.uncast_weights_bytes))
+        rollout_rows += [("rollout kv cache per device (one replica's pool / tp)", r.kv_bytes),
+                         ("weight hand-off transient per device (new copy)", r.handoff_bytes)]
     width = max(len(name) for name, _ in plan.rows + plan.kv + rollout_rows) + 2
     lines = [*plan.title, "", f"{'per device':<{width}}{'GiB':>10}{'bytes':>18}"]
     for name, nbytes in plan.rows:

@@ -220,6 +220,12 @@ class RLConfig:
         `data.bucket_size`, or `row_length` when it is 0 (every batch padded to the row)."""
         return self.data.bucket_size or self.row_length
 
+    @property
+    def rollout_weight_dtype(self) -> str:
+        """The dtype the rollout replicas hold the weights in (`rollout.weight_dtype`, else
+        the model's compute dtype)."""
+        return self.rollout.weight_dtype or self.model.compute_dtype
+
     def sampler_config(self) -> SamplerConfig:
         """The engine settings of the run's sampler (each rollout replica's), from the
         `rollout` section; routing is recorded for `actor.router_replay`."""

@@ -162,7 +162,8 @@ class Generation:
                 make = lambda model: make_sampler(cfg, model, manual=True)  # noqa: E731
             else:
                 make = lambda model: make_sampler(cfg, model)  # noqa: E731
-            self.replicas = ReplicatedRollout(decoder, layout, make, r.response_length, cross_transfer(mesh, layout))
+            self.replicas = ReplicatedRollout(decoder, layout, make, r.response_length, cross_transfer(mesh, layout),
+                                              cfg.rollout_weight_dtype)
         else:
             self.sampler = make_sampler(cfg, decoder)
 

@@ -74,19 +74,23 @@ class ReplicatedRollout:
     """The rollout replicas of a run: `layout` over the rollout devices, a sampler for each
     replica this process owns, built by `make_sampler(decoder)` on the replica's copy
     of the weights. `transfer` carries weights from the decoder's devices onto the rollout
-    devices first (several processes, disjoint device sets; `rljax.rollout.handoff`)."""
+    devices first (several processes, disjoint device sets; `rljax.rollout.handoff`).
+    `weight_dtype`: the dtype the replicas hold floating-point weights in (cast inside the
+    hand-off; None: the trainer's)."""
 
     def __init__(self, decoder: nnx.Module, layout: ReplicaLayout, make_sampler: Callable[[nnx.Module], Sampler],
-                 max_response_len: int, transfer: Callable[[list], list] | None = None):
+                 max_response_len: int, transfer: Callable[[list], list] | None = None, weight_dtype=None):
         self.layout = layout
         self.max_response_len = max_response_len
         self.transfer = transfer
+        self.weight_dtype = weight_dtype
         self.graphdef, params = nnx.split(decoder)
         self.local = layout.local_replicas()
         self.hand_off_cache = HandOffCache()  # unchanged leaves (LoRA's base) are handed off once
         self._gathers = 0  # gathers made with a deadline: names each one's meeting point, alike on every process
         self._futures: dict = {}  # the replicas' rollouts in flight or last run
-        states, self.last_hand_off = timed_hand_off(params, layout, self.local, self.hand_off_cache, transfer)
+        states, self.last_hand_off = timed_hand_off(params, layout, self.local, self.hand_off_cache, transfer,
+                                                    weight_dtype)
         self.samplers = {}
         for r, state in zip(self.local, states):
             with jax.set_mesh(layout.replicas[r]):  # a replica's programs live on its devices, not the run's mesh
@@ -106,7 +110,8 @@ class ReplicatedRollout:
     def hand_off(self, params: nnx.State) -> tuple[list[nnx.State], HandOffReport]:
         """The policy's parameters copied onto every local replica's devices (one state per
         local replica, in `self.local` order), not yet in use: `install` puts them in."""
-        states, report = timed_hand_off(params, self.layout, self.local, self.hand_off_cache, self.transfer)
+        states, report = timed_hand_off(params, self.layout, self.local, self.hand_off_cache, self.transfer,
+                                        self.weight_dtype)
         self.last_hand_off = report
         return states, report
 

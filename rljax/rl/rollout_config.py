@@ -22,6 +22,7 @@ from rljax.config import (
     UnitFloat,
 )
 from rljax.rollout.config import Attention
+from rljax.train.run_sections import float_dtype_problem
 
 TopK = Annotated[int, Bounds(ge=-1, le=2**24)]  # -1 / 0: off
 
@@ -65,6 +66,9 @@ class RolloutConfig:
     # rollout replicas, each with its own weights, KV pool and scheduler; 0: devices / tensor_parallel_size
     data_parallel_size: Devices = 0
     allow_cross_host_replicas: bool = False  # let one replica span processes (its scheduler then runs in lock-step)
+    # dtype the replicas hold the weights in, cast inside the hand-off (bfloat16: half the bytes moved and
+    # held); null: the model's compute_dtype. Not used at tensor_parallel_size 0 (the trainer's arrays as they are)
+    weight_dtype: str | None = None
     seed: Seed = 0  # seed of every request (streams by step and prompt: rljax.rl.scoring)
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)  # validation sampling
 
@@ -72,5 +76,7 @@ class RolloutConfig:
         if self.data_parallel_size and not self.tensor_parallel_size:
             raise FieldError("data_parallel_size", "needs rollout.tensor_parallel_size >= 1 (0 samples on the "
                              "training mesh, one replica)")
+        if self.weight_dtype is not None and (problem := float_dtype_problem(self.weight_dtype)):
+            raise FieldError("weight_dtype", problem)
         if self.num_pages == 1:
             raise FieldError("num_pages", "0 (automatic) or >= 2 (page 0 is reserved), got 1")

@@ -31,11 +31,13 @@ the input), the `timing_s/update_weights` of a training step and its transient m
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding
 
@@ -85,22 +87,59 @@ class HandOffCache:
                 for i, (x, y) in enumerate(zip(leaves, self.sources))]
 
 
+@functools.lru_cache(maxsize=None)
+def _caster(dtype) -> Callable[[list], list]:
+    """One jitted cast per dtype (an elementwise program keeps each input's sharding)."""
+    return jax.jit(lambda xs: [x.astype(dtype) for x in xs])
+
+
+def cast_floats(leaves: list[jax.Array], dtype) -> list[jax.Array]:
+    """Each floating-point leaf of another dtype cast to `dtype` where it lies (same
+    sharding; one program), the others as they are; None: all as they are."""
+    if dtype is None:
+        return list(leaves)
+    dtype = jnp.dtype(dtype)
+    cast = [i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype]
+    if not cast:
+        return list(leaves)
+    out = list(leaves)
+    for i, x in zip(cast, _caster(dtype)([leaves[i] for i in cast])):
+        out[i] = x
+    return out
+
+
+def cast_shapes(tree, dtype):
+    """Abstract `tree` (ShapeDtypeStructs or arrays) as `cast_floats` leaves it: every
+    floating-point leaf in `dtype`, with its sharding."""
+    dtype = jnp.dtype(dtype)
+
+    def cast(x):
+        floating = jnp.issubdtype(x.dtype, jnp.floating)
+        return jax.ShapeDtypeStruct(x.shape, dtype if floating else x.dtype, sharding=getattr(x, "sharding", None))
+
+    return jax.tree.map(cast, tree)
+
+
 def hand_off(params: nnx.State, layout: ReplicaLayout, replicas: Sequence[int] | None = None,
-             cache: HandOffCache | None = None, transfer: Callable[[list], list] | None = None) -> list[nnx.State]:
+             cache: HandOffCache | None = None, transfer: Callable[[list], list] | None = None,
+             dtype=None) -> list[nnx.State]:
     """`params` (an nnx.State of the policy, in the training layout) laid out for each of
     `replicas` (default: this process's `layout.local_replicas()`), in that order. With
     `cache`, leaves unchanged since its last hand-off are not moved (and it is updated).
     With `transfer` (a list of leaves -> the same values on `layout.mesh`'s devices), the
-    leaves that move are carried by it before the reshard.
+    leaves that move are carried by it before the reshard. `dtype` (e.g. bfloat16, the
+    rollout's compute dtype): floating-point leaves are cast to it first, where they lie,
+    so that the transfer and the reshard move, and the replicas hold, that many bytes.
 
     Every process must call it with the same `params` and `layout` (step 1 of the module
-    docstring is one program over all of them). Values are the source's, bit for bit."""
+    docstring is one program over all of them). Values are the source's (cast to `dtype`),
+    bit for bit."""
     replicas = layout.local_replicas() if replicas is None else tuple(replicas)
     leaves, treedef = jax.tree.flatten(params)
     targets = rollout_shardings(params, layout)
     reuse = cache.reusable(leaves, replicas) if cache is not None else [False] * len(leaves)
     moving = [i for i, kept in enumerate(reuse) if not kept]
-    sources = [leaves[i] for i in moving]
+    sources = cast_floats([leaves[i] for i in moving], dtype)
     with jax.set_mesh(None):  # its programs run on the rollout devices, not on the caller's (training) mesh
         if transfer is not None and sources:
             sources = transfer(sources)
@@ -143,14 +182,14 @@ def _buffers(tree) -> dict[tuple[int, int], int]:
 
 def timed_hand_off(
     params: nnx.State, layout: ReplicaLayout, replicas: Sequence[int] | None = None,
-    cache: HandOffCache | None = None, transfer: Callable[[list], list] | None = None,
+    cache: HandOffCache | None = None, transfer: Callable[[list], list] | None = None, dtype=None,
 ) -> tuple[list[nnx.State], HandOffReport]:
     """`hand_off`, timed to completion, with the bytes it allocated on each device (the
     replicas' arrays; a `transfer`'s intermediate copy, freed once resharded, is not
     counted)."""
     held = _buffers([x for leaves in cache.outputs.values() for x in leaves]) if cache is not None else {}
     start = time.perf_counter()
-    out = jax.block_until_ready(hand_off(params, layout, replicas, cache, transfer))
+    out = jax.block_until_ready(hand_off(params, layout, replicas, cache, transfer, dtype))
     seconds = time.perf_counter() - start
     before = {**_buffers(params), **held}
     allocated: dict[int, int] = {}

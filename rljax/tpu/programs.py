@@ -44,6 +44,7 @@ from rljax.rollout.attention import resolve_decode_attention
 from rljax.rollout.buckets import Buckets
 from rljax.rollout.config import SamplerConfig
 from rljax.rollout.device_step import make_programs
+from rljax.rollout.handoff import cast_shapes
 from rljax.rollout.kv_cache import CacheShape, cache_sharding
 from rljax.rollout.replicas import ReplicaLayout
 from rljax.rollout.scheduler import StepKind
@@ -255,20 +256,24 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
             sampler_mesh = ReplicaLayout.create(replica_devices, tp, 1).replicas[0]
             notes.append(f"a replica's sampler programs are compiled on {len(replica_devices)} chips of their own "
                          "topology (libtpu cannot compile collectives over a subset of a multi-host slice)")
-        sampler_state = _abstract(params, state_shardings(params, sampler_mesh))
+        # the replicas hold the weights in rollout.weight_dtype: the hand-off casts them where they lie, then reshards
+        weights = cast_shapes(params, cfg.rollout_weight_dtype)
+        sampler_state = _abstract(weights, state_shardings(params, sampler_mesh))
         targets = state_shardings(params, layout.mesh)
         handoff = jax.jit(lambda p: p, out_shardings=targets)
+        dtype = jnp.dtype(cfg.rollout_weight_dtype).name
         if rollout_devices is None:
             sources = jax.tree.map(_reshard_source, param_shardings, targets)
-            programs.append(Program(f"weight hand-off (training layout -> {dp} replicas x tp={tp})", "handoff",
-                                    handoff, (_abstract(params, sources),), 0, 0.0, len(devices), layout.mesh))
+            programs.append(Program(f"weight hand-off ({dtype}, training layout -> {dp} replicas x tp={tp})",
+                                    "handoff", handoff, (_abstract(weights, sources),), 0, 0.0, len(devices),
+                                    layout.mesh))
         elif len({d.process_index for d in (*devices, *rollout_devices)}) > 1:
-            transfer, mirror = union_transfer(params, param_shardings, mesh, rollout_devices)
+            transfer, mirror = union_transfer(weights, param_shardings, mesh, rollout_devices)
             programs.append(transfer)
             sources = jax.tree.map(lambda s, t: _reshard_source(NamedSharding(mirror, s.spec), t), param_shardings,
                                    targets)
-            programs.append(Program(f"weight hand-off (trainer layout on the rollout chips -> {dp} replicas x "
-                                    f"tp={tp})", "handoff", handoff, (_abstract(params, sources),), 0, 0.0,
+            programs.append(Program(f"weight hand-off ({dtype}, trainer layout on the rollout chips -> {dp} replicas "
+                                    f"x tp={tp})", "handoff", handoff, (_abstract(weights, sources),), 0, 0.0,
                                     len(rollout_devices), layout.mesh))
         else:
             notes.append("one host: the weights cross from the trainer's chips to the rollout chips by a "

@@ -99,7 +99,14 @@ def test_plan_shows_the_rollout_replicas_by_hand(capsys):
     # mlp gate/up/down over tensor, norms (2e per layer + final e) and q/k/v biases (heads over tensor) whole
     split = V * e + L * (2 * e * 4 * D + 2 * e * 2 * D + 3 * e * m + (4 + 2 + 2) * D)
     whole = L * 2 * e + e
-    assert r.weights_bytes == 4 * (split // 2 + whole) == r.handoff_bytes
+    # bf16 compute: the replicas hold the bf16 cast (rollout.weight_dtype null), half the f32 bytes; the hand-off's
+    # transient adds the cast copy in the training layout (the devices are shared)
+    assert (r.weight_dtype, r.weights_bytes, r.uncast_weights_bytes) == ("bfloat16", 2 * (split // 2 + whole),
+                                                                         4 * (split // 2 + whole))
+    assert r.handoff_bytes > r.weights_bytes
+    f32 = make_plan(rollout_raw("rollout.tensor_parallel_size=2", "rollout.num_pages=129", "rollout.weight_dtype=float32"),
+                    devices=8, device_memory_gb=16).rollout
+    assert f32.weights_bytes == f32.uncast_weights_bytes == f32.handoff_bytes == 4 * (split // 2 + whole)
     assert r.kv_bytes == 2 * L * 129 * 16 * 2 * D * 2 // 2  # bf16 compute dtype, kv heads over tp = 2
     assert "while the replicas sample" in make_plan(raw, devices=8, device_memory_gb=16).notes[-1]
     assert cli_main(["plan", TINY.replace("sft_tiny.yaml", "gsm8k_qwen2.5_0.5b_grpo.yaml"),
@@ -107,7 +114,8 @@ def test_plan_shows_the_rollout_replicas_by_hand(capsys):
                      "--kv-seqs", "8", "--kv-len", "64"]) == 0
     out = capsys.readouterr().out
     assert "rollout: 4 replicas (data_parallel_size) x 2 devices (tensor_parallel_size); 33 pages" in out  # 8 x 4 + 1
-    assert "rollout weights per device (split over tp)" in out and "weight hand-off transient" in out
+    assert "rollout weights per device (split over tp, bfloat16)" in out and "weight hand-off transient" in out
+    assert "uncast (rollout.weight_dtype = the parameters' dtype)" in out
     # 2 kv heads over tp = 4: refused as the hand-off would refuse it
     assert cli_main(["plan", TINY.replace("sft_tiny.yaml", "gsm8k_qwen2.5_0.5b_grpo.yaml"),
                      f"model.hf_config={TINY_MODEL}", "rollout.tensor_parallel_size=4", "--devices", "8"]) == 1

@@ -197,6 +197,29 @@ def test_hand_off_compiles_between_meshes_that_order_the_chips_differently(v5e_2
 
 
 @needs_libtpu
+def test_a_bfloat16_hand_off_compiles_to_half_the_rollout_bytes(v5e_2x2):
+    """float32 parameters, bfloat16 compute: the replicas hold bfloat16 weights by default
+    (`rollout.weight_dtype` null), so the compiled hand-off moves and produces half of what
+    the float32 one does, and the sampler's programs take bfloat16 weights."""
+    compiled = {}
+    for weight_dtype in ("null", "float32"):
+        cfg = load_config(RLConfig, QUICKSTART, ["rollout.tensor_parallel_size=2", "model.compute_dtype=bfloat16",
+                                                 f"rollout.weight_dtype={weight_dtype}"])
+        run = run_programs(cfg, v5e_2x2, num_pages=default_pages(cfg))
+        (program,) = [p for p in run.programs if p.kind == "handoff"]
+        result = compile_program(program)
+        assert result.error is None, result.error
+        compiled[weight_dtype] = (program, result)
+        decode = next(p for p in run.programs if p.kind == "decode")
+        assert {x.dtype.name for x in jax.tree.leaves(decode.args[0])} == {  # the replica's weights
+            "bfloat16" if weight_dtype == "null" else "float32"}
+    (half, half_result), (full, full_result) = compiled["null"], compiled["float32"]
+    assert "bfloat16" in half.name and "float32" in full.name
+    assert half_result.output_bytes == pytest.approx(full_result.output_bytes / 2, rel=0.02)
+    assert half_result.argument_bytes == pytest.approx(full_result.argument_bytes / 2, rel=0.02)
+
+
+@needs_libtpu
 def test_a_tp4_replica_of_a_multi_host_slice_compiles_on_its_own_topology():
     # libtpu fails collectives over chips 0, 1, 4, 5 of a v5e:4x4 (one host); the replica's programs
     # are compiled on a v5e:2x2 instead, with the replica mesh built by the layout's own code

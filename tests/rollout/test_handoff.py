@@ -7,6 +7,7 @@ import dataclasses
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -142,3 +143,59 @@ def test_a_donated_source_does_not_break_the_next_hand_off():
         for got, want in zip(jax.tree.leaves(replica), expected):
             np.testing.assert_array_equal(np.asarray(got), want)
     assert set(report.allocated_bytes) == {0, 1}
+
+
+@pytest.mark.parametrize("mesh, tp, rollout_devices, copies", [
+    (dict(fsdp=8), 2, slice(None), True),  # resharded
+    (dict(data=8), 1, slice(None), False),  # layouts coincide: float32 is zero copy, the cast is the only copy
+    (dict(fsdp=4), 2, slice(4, 8), True),  # onto devices the trainer does not use
+])
+def test_a_bfloat16_hand_off_holds_the_cast_weights_in_half_the_bytes(params, mesh, tp, rollout_devices, copies):
+    """`dtype=bfloat16`: every replica holds numpy's bfloat16 rounding of the float32 source
+    (values that need more than 8 bits of mantissa, so the rounding shows) in half the
+    bytes, and the hand-off allocates half of what a float32 copy takes on every device."""
+    devices = jax.devices()
+    train = training_layout(params, devices[: math.prod(mesh.values())], **mesh)
+    train = jax.tree.map(lambda x: x * 1.001 + 0.3, train)  # not exact in bfloat16
+    layout = ReplicaLayout.create(devices[rollout_devices], tensor_parallel_size=tp)
+    full, full_report = timed_hand_off(train, layout)
+    half, half_report = timed_hand_off(train, layout, dtype="bfloat16")
+    for replica in half:
+        for got, want in zip(jax.tree.leaves(replica), jax.tree.leaves(train)):
+            assert got.dtype == jnp.bfloat16
+            want = np.asarray(want)
+            assert not np.array_equal(want.astype(jnp.bfloat16).astype(np.float32), want)
+            np.testing.assert_array_equal(np.asarray(got), want.astype(jnp.bfloat16))
+    expected = replica_bytes_per_device(params, tp)
+    assert full_report.allocated_bytes == {d.id: expected if copies else 0 for d in devices[rollout_devices]}
+    assert half_report.allocated_bytes == {d.id: expected // 2 for d in devices[rollout_devices]}
+    assert all(measured_bytes(h) == {d: b // 2 for d, b in measured_bytes(f).items()} for f, h in zip(full, half))
+
+
+def test_bfloat16_weights_sample_exactly_like_float32_weights_at_bfloat16_compute(hf_models):
+    """The model casts every weight to its compute dtype where it uses it (norms and the
+    unembedding included), so at bfloat16 compute a replica holding the bfloat16 rounding
+    of float32 weights samples the same tokens with the same log-probs, bit for bit: the
+    default `rollout.weight_dtype` (the compute dtype) costs no accuracy. Every weight,
+    norms included, is perturbed off the bfloat16 grid first, so a weight used uncast shows."""
+    from rljax.models import load_hf
+    from rljax.rollout import Sampler, SamplingParams
+
+    from .conftest import random_prompts, sampler_config
+
+    model = load_hf(hf_models["llama"][1], compute_dtype="bfloat16")
+    graphdef, state = nnx.split(model)
+    rng = np.random.default_rng(3)
+    state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x) * (1 + 0.01 * rng.normal(size=x.shape)) + 1e-3,
+                                               np.float32), state)
+    (half,) = hand_off(state, ReplicaLayout.create(jax.devices()[:1], tensor_parallel_size=1), dtype="bfloat16")
+    assert {x.dtype for x in jax.tree.leaves(half)} == {jnp.dtype(jnp.bfloat16)}
+    prompts = random_prompts([5, 9, 14], seed=7)
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=11)
+    results = []
+    for weights in (state, half):
+        with Sampler(nnx.merge(graphdef, weights), sampler_config(num_pages=64)) as sampler:
+            results.append(sampler.generate(prompts, params))
+    full, cast = results
+    assert [c.token_ids for c in cast] == [c.token_ids for c in full]
+    assert [c.log_probs for c in cast] == [c.log_probs for c in full]
