@@ -12,6 +12,11 @@ Conventions
   `embed` unsplit (`act_embed`); their batch dimension is split like the batch.
 - A layout that does not divide fails here, at start-up, with the tensor, its size and
   the mesh in the message (`ShardingError`).
+- Several slices (TPU slices joined by the data-center network, DCN): `mesh.dcn_data` /
+  `mesh.dcn_fsdp` of the data / fsdp ways run across slices, every other split inside a
+  slice (`jax.experimental.mesh_utils.create_hybrid_device_mesh`). A device's slice is
+  its `slice_index`; where the devices name at most one slice (CPU), each process stands
+  in for a slice.
 - Meshes use `AxisType.Auto` (classic GSPMD propagation). `constrain` is a no-op unless
   a mesh is active (`with jax.set_mesh(mesh):`), so model code can call it everywhere.
 """
@@ -67,6 +72,7 @@ class ShardingError(ValueError):
 
 
 MeshSize = Annotated[int, Bounds(ge=-1, le=65536)]  # >= 1, or -1: the devices left over
+SliceCount = Annotated[int, Bounds(ge=1, le=4096)]
 
 
 @dataclass(frozen=True)
@@ -76,15 +82,28 @@ class MeshConfig:
     data: MeshSize = 1  # pure data-parallel ways (parameters replicated across them)
     fsdp: MeshSize = -1  # data-parallel ways with parameters, gradients and optimizer state split (ZeRO-3)
     tensor: MeshSize = 1  # ways heads, MLP columns and the vocabulary are split
+    # of the data ways, how many run across slices (over the data-center network; MaxText's
+    # dcn_data_parallelism): the slices = dcn_data x dcn_fsdp
+    dcn_data: SliceCount = 1
+    dcn_fsdp: SliceCount = 1  # of the fsdp ways, how many run across slices (MaxText's dcn_fsdp_parallelism)
+
+    @property
+    def num_slices(self) -> int:
+        return self.dcn_data * self.dcn_fsdp
 
     def check(self) -> None:
-        """Run by `rljax.config.check_config`: each size >= 1 or -1, at most one -1."""
+        """Run by `rljax.config.check_config`: each size >= 1 or -1, at most one -1; the
+        ways across slices divide their axis."""
         for name in ("data", "fsdp", "tensor"):
             if getattr(self, name) == 0:
                 raise FieldError(name, "must be >= 1 or -1 (the devices left over), got 0")
         filled = [name for name in ("data", "fsdp", "tensor") if getattr(self, name) == -1]
         if len(filled) > 1:
             raise FieldError(filled[1], f"-1 like {filled[0]}: at most one of data / fsdp / tensor may be -1")
+        for axis in ("data", "fsdp"):
+            size, dcn = getattr(self, axis), getattr(self, f"dcn_{axis}")
+            if size != -1 and size % dcn:
+                raise FieldError(f"dcn_{axis}", f"{dcn} slices do not divide mesh.{axis}={size}")
 
     def shape(self, num_devices: int) -> tuple[int, int, int]:
         dims = [self.data, self.fsdp, self.tensor]
@@ -102,17 +121,50 @@ class MeshConfig:
                 f"mesh data={dims[0]} fsdp={dims[1]} tensor={dims[2]} needs {math.prod(dims)} devices, "
                 f"{num_devices} are available"
             )
+        for axis, size, dcn in (("data", dims[0], self.dcn_data), ("fsdp", dims[1], self.dcn_fsdp)):
+            if size % dcn:
+                raise ShardingError(f"mesh.dcn_{axis}={dcn}: the slices do not divide mesh.{axis}={size}")
         return tuple(dims)
+
+    def slice_shape(self, num_devices: int) -> tuple[int, int, int]:
+        """The (data, fsdp, tensor) ways inside one slice."""
+        data, fsdp, tensor = self.shape(num_devices)
+        return data // self.dcn_data, fsdp // self.dcn_fsdp, tensor
 
 
 _AUTO = (AxisType.Auto,) * len(MESH_AXES)
 
 
+def slices_by_process(devices) -> bool:
+    """Whether `devices` name at most one slice (CPU devices carry none, or all the same
+    index): then each process stands in for a slice."""
+    return len({getattr(d, "slice_index", None) for d in devices} - {None}) <= 1
+
+
 def make_mesh(config: MeshConfig, devices=None) -> Mesh:
-    """The concrete mesh over `devices` (default: every device of every process)."""
+    """The concrete mesh over `devices` (default: every device of every process). With
+    several slices (`config.num_slices`), a hybrid mesh: each slice holds a contiguous
+    block of the data and fsdp ways, and only `dcn_data` x `dcn_fsdp` of them cross slices."""
     devices = list(devices if devices is not None else jax.devices())
     shape = config.shape(len(devices))
-    return jax.make_mesh(shape, MESH_AXES, axis_types=_AUTO, devices=devices)
+    if config.num_slices == 1:
+        spanned = {d.slice_index for d in devices if getattr(d, "slice_index", None) is not None}
+        if len(spanned) > 1:
+            raise ShardingError(f"the {len(devices)} devices are on {len(spanned)} slices: set mesh.dcn_data x "
+                                f"mesh.dcn_fsdp = {len(spanned)} (the data / fsdp ways that cross slices)")
+        return jax.make_mesh(shape, MESH_AXES, axis_types=_AUTO, devices=devices)
+    from jax.experimental import mesh_utils
+
+    by_process = slices_by_process(devices)
+    slices = {d.process_index if by_process else d.slice_index for d in devices}
+    if len(slices) != config.num_slices:
+        raise ShardingError(f"mesh.dcn_data={config.dcn_data} x mesh.dcn_fsdp={config.dcn_fsdp} = "
+                            f"{config.num_slices} slices, but the {len(devices)} devices are on {len(slices)}"
+                            + (" (processes stand in for slices here)" if by_process else ""))
+    grid = mesh_utils.create_hybrid_device_mesh(
+        config.slice_shape(len(devices)), (config.dcn_data, config.dcn_fsdp, 1), devices,
+        process_is_granule=by_process, allow_split_physical_axes=True)
+    return Mesh(grid, MESH_AXES, axis_types=_AUTO)
 
 
 def abstract_mesh(config: MeshConfig, num_devices: int) -> AbstractMesh:

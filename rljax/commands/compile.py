@@ -191,6 +191,10 @@ def load_checked(args, tpu):
 
     kind = kind_of(args.config, args.overrides)
     cfg = load_config(RUN_CONFIGS[kind], args.config, args.overrides)
+    if cfg.mesh.num_slices != args.num_slices:
+        raise ConfigError(f"mesh.dcn_data={cfg.mesh.dcn_data} x mesh.dcn_fsdp={cfg.mesh.dcn_fsdp} = "
+                          f"{cfg.mesh.num_slices} slice(s), but --num-slices {args.num_slices}: set the data / fsdp "
+                          f"ways that cross slices (e.g. mesh.dcn_data={args.num_slices})")
     validate(cfg, num_devices=tpu.chips * args.num_slices)
     if cfg.model.lora.rank:
         raise ConfigError("model.lora.rank: rljax compile builds full fine-tuning programs only so far; "

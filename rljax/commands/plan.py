@@ -103,6 +103,7 @@ class Plan:
     total: int = 0
     kv: list[tuple[str, int]] = field(default_factory=list)
     rollout: "RolloutPlan | None" = None  # the replicas, when rollout.tensor_parallel_size >= 1
+    dcn: list[tuple[str, int]] = field(default_factory=list)  # bytes per chip over the data-center network
 
     def add(self, name: str, nbytes: int, count: bool = True) -> None:
         self.rows.append((name, int(nbytes)))
@@ -264,6 +265,38 @@ def rollout_plan(cfg, params, devices: int, rollout, seq_len: int, kv_seqs: int 
                        kv_bytes=kv_bytes_per_device(shape, tp), handoff_bytes=weights)
 
 
+def dcn_traffic(mesh_config, params_bytes: int, grads_bytes: int, micro_batches: int,
+                forward_micro_batches: int, handoff_bytes: int) -> list[tuple[str, int]]:
+    """Bytes each chip sends over the data-center network in one step (an RL step, or a
+    supervised optimizer step), from the per-chip shards: `params_bytes` (parameters in
+    the compute dtype), `grads_bytes` (gradients). The collectives are hierarchical: the
+    slow hop is a ring over the `n` slices among the chips at the same place in each.
+
+    fsdp over `n = dcn_fsdp` slices: each all-gather of the weights brings (n - 1) shards
+    over DCN, each reduce-scatter of the gradients sends (n - 1) shards: per train
+    micro-batch 2 all-gathers (forward, backward) and 1 reduce-scatter; per forward
+    micro-batch (old / reference log-probs) 1 all-gather; the hand-off brings each
+    replica the (n - 1) / n of the weights other slices hold (`handoff_bytes`: a replica
+    chip's weights). data over `n = dcn_data` slices: a ring all-reduce of the gradients,
+    2 (n - 1) / n of them, per train micro-batch (the accumulator is reduced inside the
+    micro-batch loop); the parameters are replicated over data, so nothing else crosses."""
+    rows = []
+    n = mesh_config.dcn_fsdp
+    if n > 1:
+        rows.append((f"fsdp over {n} slices: train all-gathers + reduce-scatter ({micro_batches} micro-batches)",
+                     micro_batches * (n - 1) * (2 * params_bytes + grads_bytes)))
+        if forward_micro_batches:
+            rows.append((f"fsdp over {n} slices: log-prob forwards' all-gathers ({forward_micro_batches} "
+                         "micro-batches)", forward_micro_batches * (n - 1) * params_bytes))
+        if handoff_bytes:
+            rows.append((f"fsdp over {n} slices: weight hand-off into the replicas", handoff_bytes * (n - 1) // n))
+    n = mesh_config.dcn_data
+    if n > 1:
+        rows.append((f"data over {n} slices: gradient all-reduce ({micro_batches} micro-batches)",
+                     micro_batches * 2 * (n - 1) * grads_bytes // n))
+    return rows
+
+
 def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None = None,
               micro_batch: int | None = None, seq_len: int | None = None, kv_seqs: int | None = None,
               kv_len: int | None = None, kv_dtype: str | None = None, reference: bool = False,
@@ -410,6 +443,14 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
             cast_bytes = planned_bytes(cast_shapes(params, rl.rollout_weight_dtype), param_shardings)
             plan.rollout = dataclasses.replace(plan.rollout, handoff_bytes=plan.rollout.handoff_bytes + cast_bytes)
         plan.kv = []
+    if run.mesh.num_slices > 1:
+        steps = rl.actor.ppo_epochs * max(rl.data.batch_size // rl.actor.ppo_mini_batch_size, 1) if rl else 1
+        forward_passes = 0
+        if rl:  # the old log-probs (unless the rollout's are used as they are) and the reference's
+            forward_passes = int(not rl.algorithm.rollout_correction.bypass_mode) + int(reference)
+        forward_micro = forward_passes * max(rl.data.batch_size * rl.rollout.n // micro, 1) if rl else 0
+        plan.dcn = dcn_traffic(run.mesh, per_device_params * c, t_bytes, steps * num_micro, forward_micro,
+                               plan.rollout.weights_bytes if plan.rollout is not None else 0)
     if device_memory_gb:
         limit = int(device_memory_gb * 1e9)
         free = limit - p_bytes - o_bytes - (reference_bytes if reference else 0)  # what stays resident while sampling
@@ -451,7 +492,7 @@ def render(plan: Plan) -> str:
             rollout_rows.append(("  uncast (rollout.weight_dtype = the parameters' dtype)", r.uncast_weights_bytes))
         rollout_rows += [("rollout kv cache per device (one replica's pool / tp)", r.kv_bytes),
                          ("weight hand-off transient per device (new copy)", r.handoff_bytes)]
-    width = max(len(name) for name, _ in plan.rows + plan.kv + rollout_rows) + 2
+    width = max(len(name) for name, _ in plan.rows + plan.kv + rollout_rows + plan.dcn) + 2
     lines = [*plan.title, "", f"{'per device':<{width}}{'GiB':>10}{'bytes':>18}"]
     for name, nbytes in plan.rows:
         lines.append(f"{name:<{width}}{nbytes / GiB:>10.3f}{nbytes:>18,}")
@@ -466,6 +507,11 @@ def render(plan: Plan) -> str:
                       f"{r.pages} pages of {r.page_size} tokens per replica = {r.sequences} sequences of "
                       f"{r.seq_len} tokens (prompt + response)"]
         for name, nbytes in rollout_rows:
+            lines.append(f"{name:<{width}}{nbytes / GiB:>10.3f}{nbytes:>18,}")
+    if plan.dcn:
+        total = sum(nbytes for _, nbytes in plan.dcn)
+        lines += ["", "over the data-center network (DCN), per chip per step (dcn_traffic's ring estimates)"]
+        for name, nbytes in plan.dcn + [("total DCN bytes per chip per step", total)]:
             lines.append(f"{name:<{width}}{nbytes / GiB:>10.3f}{nbytes:>18,}")
     lines += ["", *plan.notes]
     lines += [

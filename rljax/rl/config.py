@@ -137,6 +137,9 @@ class RLConfig:
         check_mesh_shape(self.mesh)
         check_mode(self)
         r, alg = self.rollout, self.algorithm
+        if self.mesh.num_slices > 1 and r.allow_cross_host_replicas:
+            raise ConfigError(f"rollout.allow_cross_host_replicas: a replica stays inside a slice, and this run has "
+                              f"mesh.dcn_data x mesh.dcn_fsdp = {self.mesh.num_slices} of them")
         batch, batch_key = self.data.batch_size, batch_size_key(self.data)
         for section in self._learners():
             mini = getattr(self, section).ppo_mini_batch_size

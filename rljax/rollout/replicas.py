@@ -53,8 +53,9 @@ def group_devices(
     """The devices of each replica: `[dp][tp]`, process-major then by id.
 
     Raises ShardingError (one line, naming the config keys) for a size that does not
-    divide the devices, a dp x tp that is not the device count, or a replica that would
-    span processes without `allow_cross_host`."""
+    divide the devices, a dp x tp that is not the device count, a replica that would
+    span processes without `allow_cross_host`, or one that would span TPU slices (its
+    collectives would cross the data-center network: never)."""
     tp, n = tensor_parallel_size, len(devices)
     if tp < 1:
         raise ShardingError(f"rollout.tensor_parallel_size={tp}: must be >= 1")
@@ -70,6 +71,11 @@ def group_devices(
     if len({(d.process_index, d.id) for d in ordered}) != n:
         raise ShardingError("the rollout device list names a device twice")
     groups = [ordered[i : i + tp] for i in range(0, n, tp)]
+    for r, group in enumerate(groups):
+        slices = sorted({d.slice_index for d in group if getattr(d, "slice_index", None) is not None})
+        if len(slices) > 1:
+            raise ShardingError(f"replica {r} of rollout.tensor_parallel_size={tp} devices spans slices {slices}; "
+                                "a replica stays inside a slice")
     if not allow_cross_host:
         for r, group in enumerate(groups):
             processes = sorted({d.process_index for d in group})

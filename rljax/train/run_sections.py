@@ -8,6 +8,7 @@ checked against the other kind's names (`check_algorithm`) with both sets define
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -142,8 +143,8 @@ def check_mesh_shape(mesh: MeshConfig) -> None:
     """The mesh sizes, without devices: each >= 1 or -1, at most one -1 (what
     `MeshConfig.check` says per field, as one message about the mesh)."""
     dims = [mesh.data, mesh.fsdp, mesh.tensor]
-    try:
-        mesh.shape(math.prod(d for d in dims if d > 0))
+    try:  # the slices are checked against the filled sizes, with the devices (MeshConfig.shape)
+        dataclasses.replace(mesh, dcn_data=1, dcn_fsdp=1).shape(math.prod(d for d in dims if d > 0))
     except ShardingError as e:
         raise ConfigError(f"mesh: {e}") from None
 

@@ -69,11 +69,16 @@ def restored_params(run_dir, abstract):
     return [np.asarray(x) for x in jax.tree.leaves(state.params)]
 
 
-def test_two_processes_reach_the_same_loss_and_checkpoint_as_one(tmp_path):
-    global OVERRIDES
-    OVERRIDES = [*OVERRIDES, f"data.train_files=[{ragged_rows(tmp_path / 'ragged.jsonl')}]"]
+@pytest.mark.parametrize("mesh, slices", [
+    ([], []),  # fsdp=8 over both processes
+    # 2 slices (a process stands in for each: CPU devices carry no slice id), the data ways across them, fsdp
+    # inside each: the hybrid mesh (`rljax.parallel.make_mesh`); the one-process run has the same mesh shape
+    (["mesh.data=2", "mesh.fsdp=4"], ["mesh.dcn_data=2"]),
+], ids=["fsdp8", "two-slices"])
+def test_two_processes_reach_the_same_loss_and_checkpoint_as_one(tmp_path, mesh, slices):
+    overrides = [*OVERRIDES, *mesh, f"data.train_files=[{ragged_rows(tmp_path / 'ragged.jsonl')}]"]
     two = tmp_path / "two"
-    cfg2 = load_config(RunConfig, CONFIG, [*OVERRIDES, f"trainer.default_local_dir={two}"])
+    cfg2 = load_config(RunConfig, CONFIG, [*overrides, f"trainer.default_local_dir={two}"])
     run2 = str(two / cfg2.trainer.experiment_name)
     # Both processes would materialize the synthetic data into the same folder at once
     # (a race in rljax.data.synthetic_spec on one machine); write it before they start.
@@ -83,13 +88,13 @@ def test_two_processes_reach_the_same_loss_and_checkpoint_as_one(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "launch", "local_multiprocess.py"), "-n", "2",
          "--devices-per-process", "4", "--timeout", "400", "--",
-         "train", CONFIG, *OVERRIDES, f"trainer.default_local_dir={two}"],
+         "train", CONFIG, *overrides, *slices, f"trainer.default_local_dir={two}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
         # Meanwhile, the reference: this process, 8 devices, the same global mesh (fsdp=8).
         one = tmp_path / "one"
-        cfg1 = load_config(RunConfig, CONFIG, [*OVERRIDES, f"trainer.default_local_dir={one}"])
+        cfg1 = load_config(RunConfig, CONFIG, [*overrides, f"trainer.default_local_dir={one}"])
         train(cfg1)
         out, _ = proc.communicate(timeout=420)
     finally:

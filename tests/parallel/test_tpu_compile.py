@@ -305,6 +305,31 @@ def test_compile_command_refuses_what_it_cannot_compile(capsys):
     assert main(["compile", "configs/dpo_tiny.yaml", "dpo.beta=-1", "--topology", "v5e-4"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rljax: error: dpo.beta: must be > 0, got -1") and len(err.splitlines()) == 2
+    # two slices, but a mesh that does not say which ways cross them
+    assert main(["compile", QUICKSTART, "--topology", "v5e-4", "--num-slices", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rljax: error: mesh.dcn_data=1 x mesh.dcn_fsdp=1 = 1 slice(s), but --num-slices 2: set "
+                          "the data / fsdp ways that cross slices (e.g. mesh.dcn_data=2)") and len(err.splitlines()) == 2
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_every_program_compiles_on_two_slices(capsys):
+    """2 x v5e-4, the data ways across the slices: the train step, the forwards, the hand-off
+    and the sampler's programs all compile on the hybrid mesh, with memory per chip."""
+    from rljax.cli import main
+
+    assert main(["compile", QUICKSTART, "mesh.data=2", "mesh.dcn_data=2", "rollout.tensor_parallel_size=2",
+                 "--topology", "v5e-4", "--num-slices", "2", "--no-roofline"]) == 0
+    out = capsys.readouterr().out
+    assert "for 2 x v5e:2x2 (8 chips" in out and "mesh {'data': 2, 'fsdp': 4, 'tensor': 1}" in out
+    kinds = {"actor train step": 0, "log-probs forward": 0, "weight hand-off": 0, "prefill": 0, "decode": 0}
+    for line in out.splitlines():
+        for kind in kinds:
+            if line.startswith(kind):
+                assert re.search(r"\s\d+\.\d{3}\s", line), line  # compiled GiB per chip
+                kinds[kind] += 1
+    assert all(kinds.values()), kinds
 
 
 def test_programs_option_parses_a_subset_of_the_kinds():

@@ -139,3 +139,19 @@ def test_kv_pools_split_over_each_replicas_tensor_devices(replicas, params):
     for nbytes in per_device.values():
         assert nbytes == kv_bytes_per_device(shape, tp)
         assert (nbytes - shape.bytes_per_page // tp) * 8 == SEQS * PAGES_PER_SEQ * shape.bytes_per_page
+
+
+@dataclass(frozen=True)
+class SliceDevice:
+    id: int
+    process_index: int
+    slice_index: int
+
+
+def test_a_replica_never_spans_slices():
+    """2 slices of one process each, 3 devices per slice: with tp = 2 replica 1 would take a
+    device of each slice; that is refused even where crossing hosts is allowed."""
+    devices = [SliceDevice(i, i // 3, i // 3) for i in range(6)]
+    with pytest.raises(ShardingError, match=r"replica 1 of rollout.tensor_parallel_size=2 devices spans slices \[0, 1\]"):
+        group_devices(devices, 2, allow_cross_host=True)
+    assert ids(group_devices(devices, 3, allow_cross_host=True)) == [[0, 1, 2], [3, 4, 5]]
