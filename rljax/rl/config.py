@@ -175,9 +175,6 @@ class RLConfig:
             raise ConfigError("rollout.tensor_parallel_size: 0 samples on the training mesh, which a run of "
                               f"{processes} processes cannot do (each would schedule programs over all hosts); "
                               "set it to the devices per rollout replica (e.g. 1)")
-        if processes > 1 and self.reward.verifier.enable:
-            raise ConfigError("reward.verifier: not supported in a run of several processes (its sampler would "
-                              "span every process's devices; a reward model is: reward.reward_model)")
         check_processes(self, processes, jax.local_device_count())
         if num_devices is None:
             return

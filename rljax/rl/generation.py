@@ -73,13 +73,13 @@ def code_reward_settings(r) -> CodeRewardSettings:
 
 
 def make_reward_sources(cfg: RLConfig, tokenizer, policy=None, policy_params: Callable[[], Any] | None = None,
-                        mesh=None) -> RewardSources:
+                        mesh=None, replicas=None) -> RewardSources:
     """The run's reward sources, in order: the rule or custom function (`make_reward_manager`),
     then the reward model and the verifier when enabled (`build_model_rewards`), each with
     its `combine` and `weight`. Beside model sources, a data_source with no rule scores 0."""
     manager = make_reward_manager(cfg)
     try:
-        models = build_model_rewards(cfg, tokenizer, policy, policy_params, mesh)
+        models = build_model_rewards(cfg, tokenizer, policy, policy_params, mesh, replicas)
     except BaseException:
         manager.close()
         raise
@@ -150,10 +150,6 @@ class Generation:
                  mesh=None):
         r = cfg.rollout
         self.cfg, self.tokenizer, self.agent = cfg, tokenizer, agent
-        self.rewards = make_reward_sources(cfg, tokenizer, decoder, policy_params, mesh)
-        # with replicas, the rule scores each replica's samples where they are sampled; the
-        # model sources (their programs span the training mesh) score the gathered batch
-        self.rule_rewards, self.batch_rewards = self.rewards.split(1)
         self.sampler = self.replicas = None
         self._score_lock = threading.Lock()
         if r.tensor_parallel_size:
@@ -166,6 +162,14 @@ class Generation:
                                               cfg.rollout_weight_dtype)
         else:
             self.sampler = make_sampler(cfg, decoder)
+        try:  # a verifier generates on the replicas when there are some
+            self.rewards = make_reward_sources(cfg, tokenizer, decoder, policy_params, mesh, self.replicas)
+        except BaseException:
+            (self.sampler or self.replicas).close()
+            raise
+        # with replicas, the rule scores each replica's samples where they are sampled; the
+        # model sources (whose programs span the training mesh, or every replica) score the gathered batch
+        self.rule_rewards, self.batch_rewards = self.rewards.split(1)
 
     def _rollout_on(self, sampler: Sampler, prompts: dict, params: SamplingParams, offset: int) -> ScoredRollout:
         return make_rollout_fn(sampler, self.replica_rewards(), self.tokenizer, self.cfg, self.agent,

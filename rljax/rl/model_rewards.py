@@ -91,12 +91,54 @@ def _load(key: str, path: str, loader: Callable[[], Any]):
         raise ConfigError(f"{key}={path!r}: {e}") from e
 
 
+def _verifier_on_mesh(cfg: RLConfig, policy, policy_params, mesh):
+    """One verifier sampler over `mesh` (the training mesh): the policy's, given its current
+    weights before each verification (`path: policy`), or the folder's model."""
+    from rljax.rollout.sampler import Sampler
+
+    v_cfg = cfg.reward.verifier
+    before = None
+    if v_cfg.path == "policy":
+        model = policy
+    else:
+        from rljax.models.hf import load_hf, load_hf_sharded
+
+        model = _load("reward.verifier.path", v_cfg.path, lambda: load_hf_sharded(v_cfg.path, mesh, v_cfg.dtype)
+                      if mesh is not None else load_hf(v_cfg.path, v_cfg.dtype))
+    sampler = Sampler(model, cfg.verifier_sampler_config())
+    if v_cfg.path == "policy":
+        def before():
+            sampler.update_params(policy_params())
+    return sampler_generate_fn(sampler, v_cfg.max_tokens), before, [sampler.close]
+
+
+def _verifier_on_replicas(cfg: RLConfig, replicas):
+    """A verifier sampler on each local rollout replica (`rljax.rl.replica_rollout`): on
+    the replica's own weights, which every hand-off updates (`path: policy`), or on its copy
+    of the folder's model. A batch of grading prompts is cut over the replicas and the
+    verdicts gathered from every process (`ReplicatedRollout.generate_everywhere`), so each
+    process holds all of them: what lets a run of several processes grade."""
+    from rljax.models.hf import load_hf_sharded
+    from rljax.rollout.sampler import Sampler
+
+    v_cfg, config = cfg.reward.verifier, cfg.verifier_sampler_config()
+    if v_cfg.path == "policy":
+        samplers = replicas.on_each_replica(lambda r, mesh: Sampler(replicas.model(r), config))
+        replicas.follow(samplers)
+    else:
+        samplers = replicas.on_each_replica(lambda r, mesh: Sampler(_load(
+            "reward.verifier.path", v_cfg.path, lambda: load_hf_sharded(v_cfg.path, mesh, v_cfg.dtype)), config))
+    fns = {r: sampler_generate_fn(sampler, v_cfg.max_tokens) for r, sampler in samplers.items()}
+    return (lambda prompts: replicas.generate_everywhere(fns, prompts)), None, [s.close for s in samplers.values()]
+
+
 def build_model_rewards(cfg: RLConfig, tokenizer, policy=None, policy_params: Callable[[], Any] | None = None,
-                        mesh=None) -> list[tuple[RewardSource, Combine]]:
+                        mesh=None, replicas=None) -> list[tuple[RewardSource, Combine]]:
     """The reward model's and the verifier's sources from `cfg.reward.{reward_model,verifier}`,
     in that order, with their `Combine`; empty when neither is enabled (the RL loop then
     scores with the rule source alone). `policy` (a Decoder) and `policy_params` (the
-    current weights) serve `verifier.path: policy`."""
+    current weights) serve `verifier.path: policy`. With `replicas` (a
+    `ReplicatedRollout`), the verifier generates on the rollout replicas; else on `mesh`."""
     rm_cfg, v_cfg = cfg.reward.reward_model, cfg.reward.verifier
     steps: list[tuple[RewardSource, Combine]] = []
     if rm_cfg.enable:
@@ -117,30 +159,22 @@ def build_model_rewards(cfg: RLConfig, tokenizer, policy=None, policy_params: Ca
         steps.append((RewardModelSource(ScalarHeadScorer(model, rm_tokenizer, batch_size=rm_cfg.batch_size),
                                         reuses_ids), Combine(rm_cfg.combine, float(rm_cfg.weight))))
     if v_cfg.enable:
-        from rljax.rollout.sampler import Sampler
-
         key = "reward.verifier.path"
         if v_cfg.max_tokens < 1:
             raise ConfigError(f"reward.verifier.max_tokens: must be >= 1, got {v_cfg.max_tokens}")
-        before = None
         if v_cfg.path == "policy":
             if policy is None or policy_params is None:
                 raise ConfigError(f"{key}=policy: needs the policy (build_model_rewards(policy=, policy_params=))")
-            model, v_tokenizer = policy, tokenizer
+            v_tokenizer = tokenizer
         else:
-            from rljax.models.hf import load_hf, load_hf_sharded
-
             path = _checked_dir(key, v_cfg.path)
-            model = _load(key, path, lambda: load_hf_sharded(path, mesh, v_cfg.dtype) if mesh is not None
-                          else load_hf(path, v_cfg.dtype))
             v_tokenizer = _own_tokenizer(path) or tokenizer
-        sampler = Sampler(model, cfg.verifier_sampler_config())
-        if v_cfg.path == "policy":
-            def before():
-                sampler.update_params(policy_params())
+        if replicas is not None:
+            generate, before, closers = _verifier_on_replicas(cfg, replicas)
+        else:
+            generate, before, closers = _verifier_on_mesh(cfg, policy, policy_params, mesh)
         verifier = GenerativeVerifier(
-            sampler_generate_fn(sampler, v_cfg.max_tokens), v_tokenizer, v_cfg.prompt_template or DEFAULT_TEMPLATE,
+            generate, v_tokenizer, v_cfg.prompt_template or DEFAULT_TEMPLATE,
             PARSERS[v_cfg.parse], system_prompt=v_cfg.system_prompt or None, failure_score=v_cfg.failure_score)
-        steps.append((VerifierSource(verifier, before, closers=[sampler.close]),
-                      Combine(v_cfg.combine, float(v_cfg.weight))))
+        steps.append((VerifierSource(verifier, before, closers=closers), Combine(v_cfg.combine, float(v_cfg.weight))))
     return steps

@@ -36,6 +36,7 @@ from typing import Callable, Sequence
 
 import jax
 from flax import nnx
+from jax.sharding import Mesh
 
 from rljax.hostsync import allgather_objects, wait_for_processes
 from rljax.metrics import reduce_metrics
@@ -91,6 +92,8 @@ class ReplicatedRollout:
         self._futures: dict = {}  # the replicas' rollouts in flight or last run
         states, self.last_hand_off = timed_hand_off(params, layout, self.local, self.hand_off_cache, transfer,
                                                     weight_dtype)
+        self.states = dict(zip(self.local, states))  # each local replica's current weights
+        self.followers: list[dict[int, Sampler]] = []  # more samplers on the replicas' weights (`follow`)
         self.samplers = {}
         for r, state in zip(self.local, states):
             with jax.set_mesh(layout.replicas[r]):  # a replica's programs live on its devices, not the run's mesh
@@ -105,6 +108,7 @@ class ReplicatedRollout:
         states, report = self.hand_off(params)
         for r, state in zip(self.local, states):
             self.samplers[r].update_params(state)
+        self._follow(states)
         return report
 
     def hand_off(self, params: nnx.State) -> tuple[list[nnx.State], HandOffReport]:
@@ -120,6 +124,56 @@ class ReplicatedRollout:
         stamping the tokens they sample with `version` (`Sampler.update_params`)."""
         for r, state in zip(self.local, states):
             self.samplers[r].update_params(state, version=version)
+        self._follow(states)
+
+    def _follow(self, states: list[nnx.State]) -> None:
+        self.states = dict(zip(self.local, states))
+        for samplers in self.followers:
+            for r, state in zip(self.local, states):
+                samplers[r].update_params(state)
+
+    def on_each_replica(self, build: Callable[[int, Mesh], Sampler]) -> dict[int, Sampler]:
+        """`build(r, replica mesh)` for each local replica r, under that replica's mesh."""
+        out = {}
+        for r in self.local:
+            with jax.set_mesh(self.layout.replicas[r]):
+                out[r] = build(r, self.layout.replicas[r])
+        return out
+
+    def model(self, r: int) -> nnx.Module:
+        """The policy with local replica r's current weights (on its devices)."""
+        return nnx.merge(self.graphdef, self.states[r])
+
+    def follow(self, samplers: dict[int, Sampler]) -> None:
+        """From now on, `samplers` (one per local replica) take each hand-off's weights too
+        (their owner closes them)."""
+        self.followers.append(samplers)
+
+    def generate_everywhere(self, generate: dict[int, Callable[[list], list]], items: list) -> list:
+        """`items` cut into contiguous runs, one per replica (a pure function of their
+        number), each local run through its replica's `generate` (a list in, one result per
+        item out) on the replicas' threads, and the results gathered from every process:
+        every process returns all of them, in order. A collective: with several processes,
+        call it on the main thread, where every process makes its cross-process calls in
+        the same order."""
+        n = self.layout.num_replicas
+        bounds = [len(items) * r // n for r in range(n + 1)]
+        futures = {r: self._pool.submit(generate[r], items[bounds[r]: bounds[r + 1]])
+                   for r in self.local if bounds[r + 1] > bounds[r]}
+        local: dict[int, list | str] = {}
+        for r, future in futures.items():
+            try:
+                local[r] = future.result()
+            except Exception as e:  # every process must reach the gather, or the others wait forever
+                local[r] = f"{type(e).__name__}: {e}"
+                if jax.process_count() == 1:
+                    raise
+        gathered = self.gather(local)
+        failed = {r: v for r, v in gathered.items() if isinstance(v, str)}
+        if failed:
+            r, message = min(failed.items())
+            raise RuntimeError(f"rollout replica {r} failed: {message}")
+        return [x for r in range(n) if bounds[r + 1] > bounds[r] for x in gathered[r]]
 
     def assign(self, prompts: dict[str, list], n: int) -> Assignment:
         """Prompt groups -> replicas, contiguous runs balanced by expected tokens (prompt +
@@ -185,4 +239,5 @@ class ReplicatedRollout:
         for r, sampler in self.samplers.items():
             if r not in busy:
                 sampler.close()
+
 

@@ -253,11 +253,25 @@ def test_two_processes_ppo_killed_resumed_and_evaluated_like_one(tmp_path):
         np.testing.assert_allclose(value, final[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
-def test_two_processes_score_with_a_reward_model_like_one(tmp_path):
-    """A reward model (added to the rule's score) on 2 processes: each process's replicas
-    score their samples with the rule, then every process scores the gathered batch with the
-    reward model over the 8-device training mesh; the rewards, losses and checkpoint equal
-    the one-process run's, at each of two steps."""
+def recording_verdicts(path: str, settle):
+    """`settle` that also appends each settled rollout's verifier outputs (a JSON list per
+    rollout) to `path`."""
+    def recording(rollout, *args, **kwargs):
+        out = settle(rollout, *args, **kwargs)
+        with open(path, "a") as f:
+            f.write(json.dumps([r.get("verifier_output") for r in out.records]) + "\n")
+        return out
+
+    return recording
+
+
+def test_two_processes_score_with_a_reward_model_and_a_verifier_like_one(tmp_path, monkeypatch):
+    """A reward model and the policy as a generative verifier (both added to the rule's
+    score) on 2 processes: each process's replicas score their samples with the rule, then
+    every process scores the gathered batch with the reward model over the 8-device
+    training mesh, and the verifier grades it on the replicas (its prompts cut over the 4
+    replicas of both processes, the verdicts gathered); the verdicts, rewards, losses and
+    checkpoint equal the one-process run's, at each of two steps."""
     from rljax.data.tokenizer import build_char_tokenizer
     from rljax.models import save_hf
     from tests.rl.test_model_rewards import random_rm
@@ -273,10 +287,23 @@ def test_two_processes_score_with_a_reward_model_like_one(tmp_path):
         "rollout.num_pages=128", "rollout.page_size=8", "actor.ppo_mini_batch_size=8",
         f"reward.custom_reward_function.path={tmp_path / 'reward.py'}", "reward.mode=inline",
         "reward.reward_model.enable=true", f"reward.reward_model.path={rm_path}", "reward.reward_model.batch_size=8",
-        "reward.reward_model.combine=add", "reward.reward_model.weight=0.5"]
+        "reward.reward_model.combine=add", "reward.reward_model.weight=0.5", "reward.verifier.enable=true",
+        "reward.verifier.prompt_template='Q:{question} A:{answer} ok?'", "reward.verifier.max_tokens=4",
+        "reward.verifier.max_model_len=128", "reward.verifier.max_num_seqs=8", "reward.verifier.num_pages=64",
+        "reward.verifier.combine=add", "reward.verifier.weight=2.0",
+        "model.hf_config.initializer_range=0.5"]  # a policy whose greedy verdicts differ
     (cfg1, _), run1, run2 = configs(tmp_path, config, overrides)
-    proc = launch(tmp_path, ["train", config, *overrides, f"trainer.default_local_dir={tmp_path / 'two'}"])
+    verdicts1, verdicts2 = tmp_path / "verdicts1.jsonl", tmp_path / "verdicts2.jsonl"
+    hook = textwrap.dedent(f"""
+        import os
+        if os.environ.get("RLJAX_PROCESS_ID") == "0":
+            import rljax.rl.generation as generation
+            from tests.parallel.test_multihost_rl import recording_verdicts
+            generation.settle = recording_verdicts({str(verdicts2)!r}, generation.settle)
+    """)
+    proc = launch(tmp_path, ["train", config, *overrides, f"trainer.default_local_dir={tmp_path / 'two'}"], hook=hook)
     try:
+        monkeypatch.setattr(generation, "settle", recording_verdicts(str(verdicts1), generation.settle))
         train_rl(cfg1)
     finally:
         code, out = finish(proc)
@@ -285,5 +312,8 @@ def test_two_processes_score_with_a_reward_model_like_one(tmp_path):
     assert [m["step"] for m in m1] == [1, 2]
     assert all(np.ptp([m["reward_model/score/max"], m["reward_model/score/min"]]) > 0 for m in m1)
     assert_metrics_agree(m1, m2, COMPARED + ("reward_model/score/mean", "reward_model/score/max",
-                                             "reward_model/score/min"))
+                                             "reward_model/score/min", "verifier/score/mean",
+                                             "verifier/parse_failures"))
+    v1, v2 = ([json.loads(line) for line in path.read_text().splitlines()] for path in (verdicts1, verdicts2))
+    assert len(v1) == 2 and v1 == v2 and len(set(v1[0] + v1[1])) > 2  # 16 verdicts a step, not all alike
     assert_checkpoints_agree(cfg1, run2, 2)

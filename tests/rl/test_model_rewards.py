@@ -373,6 +373,7 @@ def test_grpo_step_rewards_are_reward_model_scores(tmp_path, rm_dirs, tok):
     print("self-verifier verdicts:", [r["verifier_output"] for r in judged.records])
 
 
+@pytest.mark.slow
 def test_replicas_score_the_gathered_batch_with_the_reward_model(tmp_path, rm_dirs):
     """8 rollout replicas of a device each (4 get prompts): the rule scores each replica's
     samples, the reward model the gathered batch over the training mesh; each sample's reward is the digit
@@ -413,3 +414,43 @@ def test_replicas_score_the_gathered_batch_with_the_reward_model(tmp_path, rm_di
     np.testing.assert_allclose(batch.token_level_scores.sum(-1), expected, atol=1e-5)
     assert metrics["reward_model/score/mean"] == pytest.approx(float(rm.mean()), abs=1e-5)
     assert metrics["reward/overlong_reward/mean"] == pytest.approx(float(penalty.mean()), abs=1e-6)
+
+
+@pytest.mark.slow
+def test_replicas_grade_with_the_self_verifier_like_one_sampler(tmp_path):
+    """8 rollout replicas: the policy grades its own samples on the replicas (a verifier
+    sampler per replica on its handed-off weights, the grading prompts cut over them and the
+    verdicts gathered), and the verdicts equal one verifier sampler's over the training mesh
+    on the same weights; each reward is the digit fraction + 2 x the parsed verdict."""
+    cfg = make_config(tmp_path, "trainer.total_steps=1", "data.train_batch_size=4", "rollout.n=2",
+                      "actor.ppo_mini_batch_size=4", "rollout.tensor_parallel_size=1", "reward.verifier.enable=true",
+                      "reward.verifier.prompt_template='Q:{question} A:{answer} R:{ground_truth} ok?'",
+                      "reward.verifier.max_tokens=4", "reward.verifier.max_model_len=96",
+                      "reward.verifier.max_num_seqs=8", "reward.verifier.num_pages=32", "reward.verifier.combine=add",
+                      "reward.verifier.weight=2.0", "model.hf_config.initializer_range=0.5")  # varied verdicts
+    trainer = RLTrainer(cfg)
+    (source, _), = trainer.generation.batch_rewards.steps
+    graded = []
+    score = source.score
+    source.score = lambda b: graded.append(b) or score(b)
+    weights = jax.tree.map(jnp.copy, trainer.actor.state.params)  # what the replicas sample and grade with
+    captured = capture_batches(trainer)
+    try:
+        trainer.step()
+        policy = nnx.merge(trainer.actor.graphdef, weights)
+        (mesh_source, _), = build_model_rewards(cfg, trainer.tokenizer, policy, lambda: weights, trainer.mesh)
+        try:
+            reference = mesh_source.score(graded[0])
+        finally:
+            mesh_source.close()
+    finally:
+        trainer.close()
+    rollout = captured["rollout"]
+    assert len(graded) == 1 and len(graded[0]) == len(rollout.samples) == 8
+    outputs = [r["verifier_output"] for r in rollout.records]
+    assert outputs == reference.extras["verifier_output"]
+    assert len(set(outputs)) > 2  # graded prompts differ, and so do the verdicts: a shuffled one shows
+    for s, r in zip(rollout.samples, rollout.records):
+        digits = sum(c.isdigit() for c in r["solution_str"]) / max(len(r["solution_str"]), 1)
+        assert s.score == pytest.approx(digits + 2.0 * r["verifier_score"], abs=1e-6)
+    print("verdicts:", outputs)

@@ -172,6 +172,7 @@ def test_a_bfloat16_hand_off_holds_the_cast_weights_in_half_the_bytes(params, me
     assert all(measured_bytes(h) == {d: b // 2 for d, b in measured_bytes(f).items()} for f, h in zip(full, half))
 
 
+@pytest.mark.slow
 def test_bfloat16_weights_sample_exactly_like_float32_weights_at_bfloat16_compute(hf_models):
     """The model casts every weight to its compute dtype where it uses it (norms and the
     unembedding included), so at bfloat16 compute a replica holding the bfloat16 rounding
