@@ -71,6 +71,30 @@ def merge_rollouts(parts: Sequence[ScoredRollout], sizes: Sequence[int]) -> Scor
                          PendingScores.concat(pending) if pending else None)
 
 
+def outcomes(futures: dict[int, concurrent.futures.Future]) -> dict[int, object]:
+    """Each replica's result, or its error as a string: every process must reach the
+    gather that follows, or the others wait forever (one process: the error is raised)."""
+    out: dict[int, object] = {}
+    for r, future in futures.items():
+        try:
+            out[r] = future.result()
+        except Exception as e:
+            out[r] = f"{type(e).__name__}: {e}"
+            if jax.process_count() == 1:
+                raise
+    return out
+
+
+def succeeded(gathered: dict[int, object]) -> dict[int, object]:
+    """`gathered` (replica -> result or error string), or a RuntimeError naming the first
+    replica that failed."""
+    failed = {r: v for r, v in gathered.items() if isinstance(v, str)}
+    if failed:
+        r, message = min(failed.items())
+        raise RuntimeError(f"rollout replica {r} failed: {message}")
+    return gathered
+
+
 class ReplicatedRollout:
     """The rollout replicas of a run: `layout` over the rollout devices, a sampler for each
     replica this process owns, built by `make_sampler(decoder)` on the replica's copy
@@ -160,19 +184,7 @@ class ReplicatedRollout:
         bounds = [len(items) * r // n for r in range(n + 1)]
         futures = {r: self._pool.submit(generate[r], items[bounds[r]: bounds[r + 1]])
                    for r in self.local if bounds[r + 1] > bounds[r]}
-        local: dict[int, list | str] = {}
-        for r, future in futures.items():
-            try:
-                local[r] = future.result()
-            except Exception as e:  # every process must reach the gather, or the others wait forever
-                local[r] = f"{type(e).__name__}: {e}"
-                if jax.process_count() == 1:
-                    raise
-        gathered = self.gather(local)
-        failed = {r: v for r, v in gathered.items() if isinstance(v, str)}
-        if failed:
-            r, message = min(failed.items())
-            raise RuntimeError(f"rollout replica {r} failed: {message}")
+        gathered = succeeded(self.gather(outcomes(futures)))
         return [x for r in range(n) if bounds[r + 1] > bounds[r] for x in gathered[r]]
 
     def assign(self, prompts: dict[str, list], n: int) -> Assignment:
@@ -193,22 +205,12 @@ class ReplicatedRollout:
             self.main_thread.serve(futures.values())
         else:  # a producer's thread: the owner serves the rollout's main-thread calls while it waits for it
             concurrent.futures.wait(futures.values())
-        local: dict[int, ScoredRollout | str] = {}
-        for r, future in futures.items():
-            try:
-                local[r] = future.result()
-            except Exception as e:  # every process must reach the gather, or the others wait forever
-                local[r] = f"{type(e).__name__}: {e}"
-                if jax.process_count() == 1:
-                    raise
+        local = outcomes(futures)
         if jax.process_count() > 1 and not self.main_thread.on_owner:
             gathered = self.main_thread.call(self.gather, local)  # a collective: on the main thread
         else:
             gathered = self.gather(local)
-        failed = {r: v for r, v in gathered.items() if isinstance(v, str)}
-        if failed:
-            r, message = min(failed.items())
-            raise RuntimeError(f"rollout replica {r} failed: {message}")
+        gathered = succeeded(gathered)
         order = [r for r in range(self.layout.num_replicas) if shares[r]]
         return merge_rollouts([gathered[r] for r in order], [len(shares[r]) for r in order])
 
