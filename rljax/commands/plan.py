@@ -361,7 +361,7 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
     per_device_params = p_bytes // jnp.dtype(policy.param).itemsize
 
     if rl:
-        reference = reference or rl.actor.use_kl_loss or rl.algorithm.use_kl_in_reward
+        reference = reference or rl.actor.kl_loss or rl.algorithm.use_kl_in_reward
         critic = critic or get_adv_estimator(rl.algorithm.adv_estimator).needs_critic
     else:
         reference = reference or (trainer.algorithm == "dpo" and not run.dpo.reference_free)

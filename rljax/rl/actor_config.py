@@ -98,6 +98,12 @@ class ActorConfig:
     # models and agent rollouts are refused.
     router_replay: bool = False
 
+    @property
+    def kl_loss(self) -> bool:
+        """Whether the loss has a KL term: `use_kl_loss` with a `kl_loss_coef` above 0 (at 0
+        the term is nothing, and no reference forward runs for it)."""
+        return self.use_kl_loss and self.kl_loss_coef > 0
+
     def __post_init__(self) -> None:
         check_kl_name("actor.kl_loss_type", self.kl_loss_type)
         if self.tis_imp_ratio_cap is not None:

@@ -29,6 +29,11 @@ the experts the sampler recorded (`expert_ids`, `rljax.models.moe.replay_routing
 the KL term reads token log-probs (and, for "full", the reference's own forward) only,
 never router logits or routing options.
 
+With one optimizer step per batch (`rljax.rl.batch.old_log_probs_from_update`) the batch
+holds no old log-probs: the objective's own log-probs, detached, are pi_old (the same
+parameters, the same function: the ratio is 1 with the PPO gradient), and it returns them
+per row (`rljax.train.steps.ROWS`) to fill the step batch after the update.
+
 Each objective reads its own view of the step batch (`ActorBatch`, `CriticBatch`: their
 fields are `rljax.rl.batch.StepBatch` fields, `take`), so a learner moves only those rows
 to the devices; an optional field is None when the run's batches do not hold it.
@@ -54,6 +59,7 @@ from rljax.algos.value import compute_value_loss
 from rljax.rl.advantage_stage import correction_kwargs
 from rljax.rl.batch import Array
 from rljax.rl.config import ActorConfig, CriticConfig, RolloutCorrectionConfig
+from rljax.train.steps import ROWS
 
 sg = jax.lax.stop_gradient
 
@@ -66,7 +72,8 @@ class ActorBatch:
     input_ids: Array  # [B, T] i32
     attention_mask: Array  # [B, T] i32
     response_mask: Array  # [B, T] f32 the tokens the loss applies to
-    old_log_probs: Array  # [B, T] f32 pi_old (the sampler's in bypass mode)
+    # [B, T] f32 pi_old (the sampler's in bypass mode); None: the update's own, detached (old_log_probs_from_update)
+    old_log_probs: Array | None
     advantages: Array  # [B, T] f32
     ref_log_probs: Array | None = None  # [B, T] f32 the reference's; a per-token KL loss reads it
     rollout_is_weights: Array | None = None  # [B, T] f32 decoupled rollout correction's IS weights
@@ -144,7 +151,11 @@ def actor_objective(actor: ActorConfig, temperature: float,
         log_prob, entropy = log_probs_from_hidden(hidden, model.unembedding(), batch.input_ids,
                                                   temperature=temperature, compute_entropy=True)
         weights, pg_mask, metrics = pg_weights_and_mask(batch, log_prob)
-        pg, pg_metrics = loss_fn(batch.old_log_probs, log_prob, batch.advantages, pg_mask, mode, config,
+        old = batch.old_log_probs
+        if old is None:  # one update at the parameters the old forward would use: its log-probs, detached
+            old = sg(log_prob)
+            metrics[f"{ROWS}old_log_probs"] = old
+        pg, pg_metrics = loss_fn(old, log_prob, batch.advantages, pg_mask, mode, config,
                                  weights, key=key, global_denominator=totals["pg"])
         metrics.update(pg_metrics)
         rows = jnp.asarray(batch.input_ids.shape[0], jnp.float32)
@@ -155,7 +166,7 @@ def actor_objective(actor: ActorConfig, temperature: float,
                                    totals["agg"])
         loss = pg - actor.entropy_coeff * entropy_loss
         metrics["actor/entropy"] = as_metric(entropy_loss)  # agg(entropy), as verl
-        if actor.use_kl_loss:
+        if actor.kl_loss:
             if actor.kl_loss_type == FULL_KL:
                 kld = full_kl_to_reference(model, hidden, batch, frozen, temperature)
             else:

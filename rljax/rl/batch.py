@@ -105,6 +105,8 @@ class BatchFields:
     full_kl: bool = False  # the exact KL in the reward (algorithm.kl_penalty=full)
     values: bool = False  # the estimator needs a critic
     rollout_is_weights: bool = False  # decoupled rollout correction with IS weights
+    # the update's own forward gives old_log_probs (`old_log_probs_from_update`): the batch it receives lacks them
+    old_log_probs_from_update: bool = False
 
     @classmethod
     def of(cls, cfg) -> BatchFields:
@@ -112,30 +114,52 @@ class BatchFields:
         a, alg = cfg.actor, cfg.algorithm
         corr, estimator = alg.rollout_correction, get_adv_estimator(alg.adv_estimator)
         return cls(
+            old_log_probs_from_update=old_log_probs_from_update(cfg),
             expert_ids=a.router_replay,
             reward_baselines=estimator.needs_greedy_baseline,
-            ref_log_probs=((a.use_kl_loss and a.kl_loss_type != FULL_KL)
+            ref_log_probs=((a.kl_loss and a.kl_loss_type != FULL_KL)
                            or (alg.use_kl_in_reward and alg.kl_penalty != FULL_KL)),
             full_kl=alg.use_kl_in_reward and alg.kl_penalty == FULL_KL,
             values=estimator.needs_critic,
             rollout_is_weights=corr.rollout_is is not None and not corr.bypass_mode,
         )
 
-    def names(self) -> tuple[str, ...]:
-        """Every field a finished step batch holds, in `StepBatch`'s order."""
+    def names(self, updated: bool = True) -> tuple[str, ...]:
+        """Every field a step batch holds, in `StepBatch`'s order: after the update
+        (`updated`), or as the update receives it (without old_log_probs when it computes
+        them)."""
         wanted = {*_ALWAYS, *_FILLED, *(f.name for f in dataclasses.fields(self) if getattr(self, f.name))}
+        if self.old_log_probs_from_update and not updated:
+            wanted.discard("old_log_probs")
         return tuple(f.name for f in dataclasses.fields(StepBatch) if f.name in wanted)
 
     def check(self, batch: StepBatch) -> None:
-        """A `ValueError` naming the fields a finished batch holds or lacks against these."""
+        """A `ValueError` naming the fields a batch ready for the update holds or lacks
+        against these."""
         held = set(present(batch))
-        wanted = set(self.names())
+        wanted = set(self.names(updated=False))
         if held != wanted:
             raise ValueError(f"the step batch holds {sorted(held - wanted)} it should not and lacks "
                              f"{sorted(wanted - held)}")
 
 
 V = TypeVar("V")
+
+
+def old_log_probs_from_update(cfg) -> bool:
+    """Whether a step's old log-probs are the actor update's own, detached, instead of a
+    forward of their own. Exactly when they are provably equal: one optimizer step per
+    batch (`actor.ppo_epochs` 1, one mini-batch), so the update's forward runs at the very
+    parameters the old forward would; LoRA without dropout, so that forward is the same
+    function; and nothing needs them before the update (KL in the reward, decoupled
+    rollout correction). Not when they are the sampler's (`actor.use_rollout_log_probs`,
+    bypass mode): then no forward runs at all. (TRL's GRPOTrainer makes the same choice;
+    verl always runs the forward.)"""
+    a, alg = cfg.actor, cfg.algorithm
+    corr = alg.rollout_correction
+    return (a.ppo_epochs == 1 and a.ppo_mini_batch_size >= cfg.data.batch_size
+            and not (a.use_rollout_log_probs or corr.bypass_mode)
+            and not alg.use_kl_in_reward and not corr.enabled and cfg.model.lora.dropout == 0)
 
 
 def present(batch) -> dict[str, Array]:
@@ -155,9 +179,10 @@ def select_rows(batch: V, rows: np.ndarray) -> V:
 
 def abstract_batch(view: type[V], fields: BatchFields, rows: int, length: int, routing: tuple[int, int] | None = None,
                    sharding=None) -> V:
-    """`jax.ShapeDtypeStruct`s of the `view` of a finished step batch of `rows x length`
-    (`routing`: (layers, experts per token) of a MoE model), as the run lays them out."""
-    held = set(fields.names())
+    """`jax.ShapeDtypeStruct`s of the `view` of a step batch of `rows x length` as the
+    update receives it (`routing`: (layers, experts per token) of a MoE model), as the run
+    lays them out."""
+    held = set(fields.names(updated=False))
 
     def spec(name: str):
         if name not in held:

@@ -85,6 +85,7 @@ class BatchForwards:
     values: Callable | None  # the critic's (GAE)
     reference_log_probs: LogProbFn | None = None  # the reference's (LoRA: adapters off); None: `log_probs`
     router_replay: bool = False  # the policy's forwards replay the batch's expert_ids (actor.router_replay)
+    old_from_update: bool = False  # old log-probs come from the update's own forward (no forward here)
 
     @classmethod
     def of(cls, cfg: RLConfig, actor: nnx.GraphDef, critic: nnx.GraphDef | None = None) -> BatchForwards:
@@ -94,13 +95,15 @@ class BatchForwards:
             reference_log_probs=make_log_prob_fn(actor, temperature, adapters=False) if cfg.model.lora.enabled else None,
             log_probs=make_log_prob_fn(actor, temperature),
             reuse_rollout_log_probs=a.use_rollout_log_probs or alg.rollout_correction.bypass_mode,
+            old_from_update=fields.old_log_probs_from_update,
             ref_log_probs=fields.ref_log_probs,
             full_kl=make_full_kl_fn(actor, temperature) if fields.full_kl else None,
             values=None if critic is None else make_value_fn(critic), router_replay=fields.expert_ids)
 
     def run(self, batch: StepBatch, mesh, timer: Timer, actor_params, reference=None,
             critic_params=None) -> StepBatch:
-        """`batch` with `old_log_probs` and, as configured, `ref_log_probs`, `full_kl` and
+        """`batch` with `old_log_probs` (unless the update computes them: `old_from_update`,
+        and no `timing_s/old_log_prob`) and, as configured, `ref_log_probs`, `full_kl` and
         `values` (`[B, T]` each, on the host). `reference` None: the reference is the policy
         with its LoRA adapters off (its params are `actor_params`)."""
         reference = actor_params if reference is None else reference
@@ -113,10 +116,10 @@ class BatchForwards:
                 raise ValueError("actor.router_replay: the rollout recorded no routing (expert_ids)")
             experts = shard_global_batch({"e": batch.expert_ids}, mesh)["e"]
         filled = {}
-        with timer("old_log_prob"):
-            if self.reuse_rollout_log_probs:
-                filled["old_log_probs"] = batch.rollout_log_probs.copy()
-            else:
+        if self.reuse_rollout_log_probs:
+            filled["old_log_probs"] = batch.rollout_log_probs.copy()
+        elif not self.old_from_update:
+            with timer("old_log_prob"):
                 filled["old_log_probs"] = fetch(self.log_probs(actor_params, ids, mask, experts))
         if self.ref_log_probs:
             with timer("ref"):

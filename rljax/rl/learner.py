@@ -24,7 +24,7 @@ from rljax.rl.batch import StepBatch, present, select_rows, take
 from rljax.rl.config import RLConfig
 from rljax.train.optim import OptimConfig, make_optimizer
 from rljax.train.setup import init_sharded_train_state, place_trainable, train_state_shardings
-from rljax.train.steps import TrainState, make_train_step
+from rljax.train.steps import ROWS, TrainState, make_train_step
 
 
 @dataclass
@@ -46,23 +46,34 @@ class Learner:
         """The whole module's state: trained params and frozen base (the same arrays)."""
         return join(self.state.params, self.base)
 
-    def update(self, batch: StepBatch, mesh, rng: np.random.Generator, frozen=None) -> dict[str, float]:
-        """`epochs` passes over the batch in mini-batches, one optimizer step each; the
-        metrics are averaged over the updates; the train step's `train/*` metrics are
-        named after the module (`actor/grad_norm`, `critic/lr`, as verl names them)."""
+    def update(self, batch: StepBatch, mesh, rng: np.random.Generator, frozen=None
+               ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+        """`epochs` passes over the batch in mini-batches, one optimizer step each. -> (the
+        metrics, averaged over the updates; the train step's `train/*` metrics are named
+        after the module (`actor/grad_norm`, `critic/lr`, as verl names them); the
+        objective's per-row outputs (`rljax.train.steps.ROWS`), by name, for the whole
+        batch in its row order, from the first pass)."""
         view = take(self.inputs, batch)
         rows = batch.rows
-        outputs = []
+        outputs, orders = [], []
         for _ in range(self.epochs):
             order = rng.permutation(rows) if self.shuffle else np.arange(rows)  # [rows]
             for start in range(0, rows, self.mini_batch_rows):
-                mini = select_rows(view, order[start : start + self.mini_batch_rows])
+                orders.append(order[start : start + self.mini_batch_rows])
+                mini = select_rows(view, orders[-1])
                 mini = dataclasses.replace(mini, **shard_global_batch(present(mini), mesh))
                 self.state, metrics = self.step(self.state, mini, frozen, self.base)
                 outputs.append(metrics)
         host = jax.device_get(outputs)
+        per_row: dict[str, np.ndarray] = {}
+        for name in (k for k in host[0] if k.startswith(ROWS)):
+            first = host[: -(-rows // self.mini_batch_rows)]  # the first pass covers every row once
+            full = np.zeros((rows, *first[0][name].shape[1:]), first[0][name].dtype)
+            for metrics, order in zip(first, orders):
+                full[order] = metrics[name]
+            per_row[name.removeprefix(ROWS)] = full
         named = lambda k: f"{self.name}/{k.removeprefix('train/')}" if k.startswith("train/") else k  # noqa: E731
-        return {named(k): float(np.mean([m[k] for m in host])) for k in host[0]}
+        return {named(k): float(np.mean([m[k] for m in host])) for k in host[0] if not k.startswith(ROWS)}, per_row
 
     def updates_per_step(self, rows: int) -> int:
         """Optimizer steps `update` takes on a batch of `rows` rows."""

@@ -87,7 +87,7 @@ class RLTrainer:
         self.fields = BatchFields.of(cfg)  # the optional fields of every step batch
         self.advantage_stage = AdvantageStage.of(cfg)
         self.reference = None  # with LoRA the reference is the policy with its adapters off: no copy
-        if (a.use_kl_loss or alg.use_kl_in_reward) and not cfg.model.lora.enabled:  # frozen copy of the initial policy
+        if (a.kl_loss or alg.use_kl_in_reward) and not cfg.model.lora.enabled:  # frozen copy of the initial policy
             params = self.actor.state.params
             self.reference = jax.device_put(jax.tree.map(jnp.copy, params), state_shardings(params, self.mesh))
         self.critic = None
@@ -212,13 +212,8 @@ class RLTrainer:
             rollout = self.rollout(timer)
             batch, stage_metrics = self.make_batch(rollout, timer)
             metrics = {**rollout.metrics, **stage_metrics}
-            # mini-batch order: a function of (seed, step), so a resumed run shuffles as the original
-            rng = np.random.default_rng([self.cfg.trainer.seed, self.step_count])
-            if self.critic is not None:
-                with timer("update_critic"):
-                    metrics.update(self.critic.update(batch, self.mesh, rng))
-            with timer("update_actor"):
-                metrics.update(self.actor.update(batch, self.mesh, rng, self.reference))
+            batch, update_metrics = self.update(batch, timer)
+            metrics.update(update_metrics)
             # updates skipped as non-finite keep the old weights; too many in a row stop the run
             attempted = self.actor.updates_per_step(batch.rows)
             skipped = self.skips.check_total(self.step_count + 1, int(jax.device_get(self.actor.state.skipped_steps)),
@@ -242,6 +237,22 @@ class RLTrainer:
         metrics.update(throughput(batch, time.perf_counter() - start, metrics["timing_s/update_actor"],
                                   self.cfg.actor.ppo_epochs, self.actor_flops_per_token, self.flops_peak))
         return metrics
+
+    def update(self, batch: StepBatch, timer: Timer) -> tuple[StepBatch, dict[str, float]]:
+        """The critic's and the actor's updates on `batch`. -> (the batch, with the
+        old log-probs the actor's update gave when it gives them; the updates' metrics)."""
+        metrics: dict[str, float] = {}
+        # mini-batch order: a function of (seed, step), so a resumed run shuffles as the original
+        rng = np.random.default_rng([self.cfg.trainer.seed, self.step_count])
+        if self.critic is not None:
+            with timer("update_critic"):
+                metrics.update(self.critic.update(batch, self.mesh, rng)[0])
+        with timer("update_actor"):
+            actor_metrics, per_row = self.actor.update(batch, self.mesh, rng, self.reference)
+            metrics.update(actor_metrics)
+        if self.fields.old_log_probs_from_update:  # the update's own forward gave them
+            batch = dataclasses.replace(batch, old_log_probs=per_row["old_log_probs"])
+        return batch, metrics
 
     def async_metrics(self, rollout: ScoredRollout, seconds: dict[str, float], start: float,
                       end: float) -> dict[str, float]:

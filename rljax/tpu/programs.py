@@ -190,7 +190,7 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
         graphdef, params = nnx.split(nnx.eval_shape(decoder))
         param_shardings = state_shardings(params, mesh)
         abstract_params = _abstract(params, param_shardings)
-        reference = abstract_params if a.use_kl_loss or cfg.algorithm.use_kl_in_reward else None
+        reference = abstract_params if a.kl_loss or cfg.algorithm.use_kl_in_reward else None
 
         def train_program(name, graph, state_params, optim, objective, totals, inputs, mini, micro, epochs, frozen):
             update = learner_update(graph, state_params, optim, objective, totals, cfg, mesh, mini,

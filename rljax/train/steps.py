@@ -25,7 +25,9 @@ once at the end:
 
 which is exactly the loss and gradient of the whole mini-batch (not a mean of micro-batch
 means). Sums over devices are global because the batch is one sharded array. Metrics are
-weighted by each micro-batch's denominator.
+weighted by each micro-batch's denominator. A metric named `ROWS` + name is not a scalar
+but one value per row of the micro-batch (e.g. the RL actor's detached token log-probs):
+the step returns it for the whole mini-batch, rows in the batch's order.
 
 A step whose loss or gradient is not finite keeps the old parameters and optimizer state
 and increments `skipped_steps`. Nothing in the step talks to the host; the state is
@@ -46,6 +48,8 @@ from rljax.models.lora import set_dropout_key
 
 # objective(model, micro_batch, frozen, totals, key) -> (AggTerms, metrics)
 Objective = Callable[[nnx.Module, dict, Any, Any, jax.Array], tuple[AggTerms, dict]]
+
+ROWS = "rows/"  # the prefix of a per-row output among an objective's metrics
 
 
 def step_key(rng: jax.Array, step: jax.Array, micro_batch: jax.Array | int) -> jax.Array:
@@ -119,12 +123,17 @@ def make_train_step(
         micro = split_micro_batches(batch, num_micro_batches)
         first = jax.tree.map(lambda x: x[0], micro)
         keys = jax.vmap(lambda m: step_key(state.rng, state.step, m))(jnp.arange(num_micro_batches))
-        shapes = jax.eval_shape(micro_step, state.params, first, frozen, totals, keys[0], base)
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        def split_rows(metrics):
+            rows = {k: v for k, v in metrics.items() if k.startswith(ROWS)}
+            return {k: v for k, v in metrics.items() if k not in rows}, rows
+
+        grads0, num0, den0, metrics0 = jax.eval_shape(micro_step, state.params, first, frozen, totals, keys[0], base)
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (grads0, num0, den0, split_rows(metrics0)[0]))
 
         def body(carry, xs):
             mb, key = xs
             grads, num, den, metrics = micro_step(state.params, mb, frozen, totals, key, base)
+            metrics, rows = split_rows(metrics)
             g_acc, n_acc, d_acc, m_acc = carry
             weighted = jax.tree.map(lambda m: m * den, metrics)
             return (
@@ -132,9 +141,9 @@ def make_train_step(
                 n_acc + num,
                 d_acc + den,
                 jax.tree.map(jnp.add, m_acc, weighted),
-            ), None
+            ), rows
 
-        (grads, num, den, metric_sums), _ = jax.lax.scan(body, zeros, (micro, keys))
+        (grads, num, den, metric_sums), rows = jax.lax.scan(body, zeros, (micro, keys))
         loss = num / den
         grads = jax.tree.map(lambda g: g / den, grads)
         grad_norm = optax.tree.norm(grads)
@@ -149,6 +158,8 @@ def make_train_step(
             skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32),
         )
         metrics = {name: total / den for name, total in metric_sums.items()}
+        # [M, B/M, ...] -> [B, ...]: micro-batch m holds rows m, M + m, ... (`split_micro_batches`)
+        metrics.update({name: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]) for name, x in rows.items()})
         metrics.update({
             "train/loss": loss,
             "train/grad_norm": grad_norm,

@@ -42,16 +42,22 @@ def make_config(tmp_path, *overrides):
 
 
 def capture_batches(trainer) -> dict:
-    """Record the rollout and batch of the trainer's next step(s) in the returned dict."""
+    """Record the rollout and the batch of the trainer's next step(s) in the returned dict:
+    the batch after the update (with old log-probs even where the update computes them)."""
     captured = {}
-    make_batch = trainer.make_batch
+    make_batch, update = trainer.make_batch, trainer.update
 
-    def spy(rollout, timer):
+    def spy_batch(rollout, timer):
         batch, metrics = make_batch(rollout, timer)
         captured["rollout"], captured["batch"] = rollout, batch
         return batch, metrics
 
-    trainer.make_batch = spy
+    def spy_update(batch, timer):
+        batch, metrics = update(batch, timer)
+        captured["batch"] = batch
+        return batch, metrics
+
+    trainer.make_batch, trainer.update = spy_batch, spy_update
     return captured
 
 

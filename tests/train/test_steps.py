@@ -87,3 +87,23 @@ def test_non_finite_step_is_skipped_and_counted():
     assert int(state.skipped_steps) == 1 and int(state.step) == 1
     for a, b in zip(flat(state.params), before):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_micro", [1, 4])
+def test_per_row_outputs_come_back_in_the_batch_order(num_micro):
+    """An objective's `ROWS` metrics (one value per row of its micro-batch) come back for
+    the whole mini-batch, row i where row i was, whatever the micro-batch split; scalar
+    metrics are still means."""
+    from rljax.train.steps import ROWS
+
+    def objective(model, batch, frozen, totals, key):
+        loss = sft_objective()(model, batch, frozen, totals, key)[0]
+        tag = batch["input_ids"][:, 0].astype(np.float32) * 10 + batch["input_ids"][:, 1]  # [b], unique per row
+        return loss, {f"{ROWS}tag": tag, f"{ROWS}ids": batch["input_ids"], "mean_tag": tag.mean()}
+
+    batch = sft_batch()
+    _, metrics = run_step(num_micro, batch=batch, objective=objective)
+    np.testing.assert_array_equal(metrics[f"{ROWS}ids"], batch["input_ids"])
+    np.testing.assert_array_equal(metrics[f"{ROWS}tag"], batch["input_ids"][:, 0] * 10.0 + batch["input_ids"][:, 1])
+    assert metrics["mean_tag"].shape == ()
