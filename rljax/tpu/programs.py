@@ -226,9 +226,9 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
         replay = (step_batch.expert_ids,) if forwards.router_replay else ()
         tokens = rows * row
         flops = tokens * model.flops_per_token(row, training=False)
-        if not forwards.reuse_rollout_log_probs or forwards.ref_log_probs:
-            users = (["old"] if not forwards.reuse_rollout_log_probs else []) + (
-                ["reference"] if forwards.ref_log_probs else [])
+        old = not (forwards.reuse_rollout_log_probs or forwards.old_from_update)  # else no forward for them
+        if old or forwards.ref_log_probs:
+            users = (["old"] if old else []) + (["reference"] if forwards.ref_log_probs else [])
             programs.append(Program(f"log-probs forward ({' + '.join(users)}) [{rows}x{row}]", "forward",
                                     forwards.log_probs, (abstract_params, ids, mask, *replay), tokens, flops,
                                     len(devices), mesh))

@@ -113,7 +113,8 @@ def quickstart(v5e_2x2):
     cfg = load_config(RLConfig, QUICKSTART, ["model.attention=auto"])
     run = run_programs(cfg, v5e_2x2, num_pages=default_pages(cfg))
     kinds = [p.kind for p in run.programs]
-    assert kinds[:2] == ["train", "forward"] and "prefill" in kinds and kinds[-1] == "decode"
+    # one update per batch: the update gives the old log-probs, no forward of their own
+    assert kinds[0] == "train" and "forward" not in kinds and "prefill" in kinds and kinds[-1] == "decode"
     chosen = [run.programs[0], run.programs[kinds.index("prefill")], run.programs[-1]]
     return cfg, run, {p.kind: (p, compile_program(p)) for p in chosen}
 
@@ -315,12 +316,13 @@ def test_compile_command_refuses_what_it_cannot_compile(capsys):
 @needs_libtpu
 @pytest.mark.slow
 def test_every_program_compiles_on_two_slices(capsys):
-    """2 x v5e-4, the data ways across the slices: the train step, the forwards, the hand-off
-    and the sampler's programs all compile on the hybrid mesh, with memory per chip."""
+    """2 x v5e-4, the data ways across the slices: the train step, the reference forward,
+    the hand-off and the sampler's programs all compile on the hybrid mesh, with memory per
+    chip."""
     from rljax.cli import main
 
     assert main(["compile", QUICKSTART, "mesh.data=2", "mesh.dcn_data=2", "rollout.tensor_parallel_size=2",
-                 "--topology", "v5e-4", "--num-slices", "2", "--no-roofline"]) == 0
+                 "actor.use_kl_loss=true", "--topology", "v5e-4", "--num-slices", "2", "--no-roofline"]) == 0
     out = capsys.readouterr().out
     assert "for 2 x v5e:2x2 (8 chips" in out and "mesh {'data': 2, 'fsdp': 4, 'tensor': 1}" in out
     kinds = {"actor train step": 0, "log-probs forward": 0, "weight hand-off": 0, "prefill": 0, "decode": 0}
@@ -352,12 +354,12 @@ def test_compile_command_compiles_only_the_kinds_named(capsys):
                  "--programs", "handoff"]) == 0
     out = capsys.readouterr().out
     rows = out[out.index("\nprogram "):].strip().splitlines()[1:]
-    assert len(rows) == 1 and rows[0].startswith("weight hand-off (training layout -> 4 replicas x tp=2)"), out
+    assert len(rows) == 1 and rows[0].startswith("weight hand-off (float32, training layout -> 4 replicas x tp=2)"), out
     assert "roofline" not in out and "trainer.mode" not in out and "chips (" not in out  # sync: no split
     # without replicas the sampler reads the trainer's arrays: there is no hand-off to compile
     assert main(["compile", QUICKSTART, "rollout.tensor_parallel_size=0", "--topology", "v5e-8",
                  "--programs", "handoff"]) == 1
-    assert "--programs handoff: this run has no program of those kinds (it has train, forward, prefill, decode)" \
+    assert "--programs handoff: this run has no program of those kinds (it has train, prefill, decode)" \
         in capsys.readouterr().err
 
 
@@ -378,7 +380,7 @@ def test_async_compile_splits_the_slice_and_compiles_the_union_transfer(capsys):
     names = [r.split("  ")[0] for r in rows[:4]]
     assert names == ["actor train step [256x40, 1 micro]",
                      "weight transfer (trainer chips -> rollout chips, one program over the union of 8 chips)",
-                     "weight hand-off (trainer layout on the rollout chips -> 4 replicas x tp=1)",
+                     "weight hand-off (float32, trainer layout on the rollout chips -> 4 replicas x tp=1)",
                      "decode [128x1 x 4 steps, W=5, reference attention]"], out
     assert "FAILED" not in out
     assert rows[-2].startswith("trainer chips (4): ") and "rljax plan" in rows[-2]
