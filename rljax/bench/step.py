@@ -13,7 +13,8 @@ counts them), so read the steps after the count stops growing. The `timing_s/*`
 metrics split a step:
 
     gen            sampling (+ reward scoring) of data.batch_size x rollout.n samples
-    old_log_prob   the actor's forward over the batch (old log-probs)
+    old_log_prob   the actor's forward over the batch (old log-probs); none with one
+                   update per batch, where the update gives them (`old_log_probs_from_update`)
     ref            the reference model's forward (KL loss)
     adv            the advantage stage: KL in the reward, advantages (`rljax.rl.advantage_stage`)
     update_actor   the actor's optimizer step(s)
