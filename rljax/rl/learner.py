@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rljax.hostsync import shard_global_batch
+from rljax.hostsync import fetch, shard_global_batch
 from rljax.models.lora import join
 from rljax.parallel import data_parallel_size
 from rljax.rl.batch import StepBatch, present, select_rows, take
@@ -64,7 +64,7 @@ class Learner:
                 mini = dataclasses.replace(mini, **shard_global_batch(present(mini), mesh))
                 self.state, metrics = self.step(self.state, mini, frozen, self.base)
                 outputs.append(metrics)
-        host = jax.device_get(outputs)
+        host = jax.tree.map(fetch, outputs)  # per-row outputs span every process's rows
         per_row: dict[str, np.ndarray] = {}
         for name in (k for k in host[0] if k.startswith(ROWS)):
             first = host[: -(-rows // self.mini_batch_rows)]  # the first pass covers every row once
