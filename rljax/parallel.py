@@ -311,6 +311,16 @@ def active_mesh():
     return _active_mesh()
 
 
+def activation_block(shape: Sequence[int], logical_axes: Sequence[str | None]) -> tuple[int, ...]:
+    """A device's block of an activation of `shape` laid out by logical axis names under
+    the active mesh (as `constrain` lays it out); `shape` itself without one."""
+    mesh = _active_mesh()
+    if mesh is None:
+        return tuple(shape)
+    return shard_shape(shape, logical_to_spec(tuple(logical_axes), tuple(shape), mesh, "activation", strict=False),
+                       mesh)
+
+
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     """Pin an activation's layout by logical axis names, e.g.
     `constrain(h, ("batch", "length", "act_embed"))`.

@@ -57,6 +57,11 @@ def run_cli(capsys, *argv):
     ([SFT, "lr=1e-5"], r"^rljax: error: unknown config key 'lr'; did you mean 'optim\.lr'\?$"),
     ([QUICKSTART, "mesh.data=3"], r"^rljax: error: mesh: .* devices are not divisible by 3"),
     ([os.path.join(REPO, "configs", "nope.yaml")], r"^rljax: error: .*No such file or directory.*nope\.yaml"),
+    # a model of ~800B parameters: the memory plan does not fit this machine, at any micro-batch
+    ([QUICKSTART, "model.hf_config.hidden_size=32768", "model.hf_config.intermediate_size=65536",
+      "model.hf_config.num_hidden_layers=64", "model.hf_config.num_attention_heads=64",
+      "model.hf_config.num_key_value_heads=8", "warmup_sft.enable=false"],
+     r"^rljax: error: memory: the plan needs [\d.]+ GiB \(8 device\(s\) x .* free: no micro-batch fits, not even with model\.remat=full"),
 ])
 def test_train_config_errors_are_one_line_before_any_work(no_training, capsys, argv, message):
     start = time.monotonic()

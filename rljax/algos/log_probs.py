@@ -22,6 +22,22 @@ from jax.typing import ArrayLike
 from rljax.algos.aggregation import AggTerms, agg_loss_terms, finish_loss
 
 DEFAULT_CHUNK_SIZE = 256  # sequence positions per chunk (all rows at once)
+LOGITS_CHUNK_BYTES = 256 * 2**20  # one chunk's float32 logits on a device (`positions_per_chunk`)
+
+
+def positions_per_chunk(length: int, rows: int, vocab: int, budget: int = LOGITS_CHUNK_BYTES) -> int | None:
+    """The chunk of the log-prob computation over `length` positions whose float32 logits
+    block, rows x chunk x vocab x 4 bytes (a device's rows and vocabulary share), fits in
+    `budget` bytes; None when all `length` positions fit at once (no chunking).
+
+    The chunk count is the fewest that fit, n = ceil(length / floor(budget / (4 rows vocab))),
+    and the positions are spread evenly over them, ceil(length / n), so padding the last
+    chunk costs less than n positions. E.g. 64 rows x 49,152 vocabulary (12 MiB a position)
+    over 112 positions: 21 fit, 6 chunks of 19."""
+    most = max(1, budget // (4 * max(rows, 1) * max(vocab, 1)))
+    if most >= length:
+        return None
+    return -(-length // -(-length // most))
 
 
 def align_next_token(per_position: ArrayLike) -> jax.Array:
@@ -135,8 +151,9 @@ def log_probs_from_hidden(
     input_ids: ArrayLike,
     *,
     temperature: float = 1.0,
-    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None | str = "auto",
     compute_entropy: bool = False,
+    shards: tuple[int, int] = (1, 1),
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Aligned token log-probs (and entropies) from final hidden states and the unembedding.
 
@@ -156,8 +173,10 @@ def log_probs_from_hidden(
         unembed: [H, V] output projection (the transposed embedding when tied).
         input_ids: [B, T] int token ids.
         temperature: logits are divided by it (as the sampler does).
-        chunk_size: sequence positions per chunk; None computes all logits at once.
+        chunk_size: sequence positions per chunk; None computes all logits at once; "auto":
+            `positions_per_chunk` (a device's chunk of logits within `LOGITS_CHUNK_BYTES`).
         compute_entropy: also return the aligned entropies.
+        shards: (ways the rows, ways the vocabulary are split over devices), for "auto".
 
     Returns:
         log_probs [B, T] float32, or (log_probs, entropy) when `compute_entropy`.
@@ -167,6 +186,9 @@ def log_probs_from_hidden(
     input_ids = jnp.asarray(input_ids)
     # position t predicts token t + 1; the last position's "target" is dropped by the shift
     targets = jnp.roll(input_ids, -1, axis=1)  # [B, T]
+    if chunk_size == "auto":
+        rows, length = input_ids.shape
+        chunk_size = positions_per_chunk(length, -(-rows // shards[0]), -(-unembed.shape[-1] // shards[1]))
     stats = functools.partial(_chunk_stats, temperature=temperature, compute_entropy=compute_entropy)
     log_probs, entropy = map_position_chunks(  # [B, T] each, about the next token
         lambda w, h, t: stats(h, t, w), unembed, (hidden, targets), chunk_size)
@@ -178,11 +200,13 @@ def log_probs_from_hidden(
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
+    "LOGITS_CHUNK_BYTES",
     "align_next_token",
     "compute_entropy_loss",
     "entropy_from_logits",
     "log_probs_from_hidden",
     "map_position_chunks",
+    "positions_per_chunk",
     "token_entropy",
     "token_log_probs",
 ]

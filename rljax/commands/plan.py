@@ -194,10 +194,15 @@ def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, 
     raise ValueError(f"unknown remat {remat!r}")
 
 
-def logits_bytes(cfg, rows: int, seq: int, tensor: int, chunk: int = 1024) -> int:
-    """Chunked log-probs: 2 x b x min(T, chunk) x V / t float32 (a chunk's logits and
-    their gradient; chunks are recomputed, never all stored)."""
-    return int(2 * rows * min(seq, chunk) * math.ceil(cfg.vocab_size / tensor) * 4)
+def logits_bytes(cfg, rows: int, seq: int, tensor: int) -> int:
+    """Chunked log-probs: 2 x b x c x V / t float32, a chunk's logits and their gradient
+    (chunks are recomputed, never all stored), c the chunk the model computes
+    (`rljax.algos.log_probs.positions_per_chunk`: within `LOGITS_CHUNK_BYTES`) or all T."""
+    from rljax.algos.log_probs import positions_per_chunk
+
+    vocab = math.ceil(cfg.vocab_size / tensor)
+    chunk = positions_per_chunk(seq, rows, vocab) or seq
+    return int(2 * rows * chunk * vocab * 4)
 
 
 def kv_cache_bytes(cfg, seqs: int, length: int, mesh, dtype_bytes: int) -> int:
@@ -446,8 +451,11 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
     if run.mesh.num_slices > 1:
         steps = rl.actor.ppo_epochs * max(rl.data.batch_size // rl.actor.ppo_mini_batch_size, 1) if rl else 1
         forward_passes = 0
-        if rl:  # the old log-probs (unless the rollout's are used as they are) and the reference's
-            forward_passes = int(not rl.algorithm.rollout_correction.bypass_mode) + int(reference)
+        if rl:  # the old log-probs (unless the rollout's or the update's are used) and the reference's
+            from rljax.rl.batch import old_log_probs_from_update
+
+            old_forward = not (rl.algorithm.rollout_correction.bypass_mode or old_log_probs_from_update(rl))
+            forward_passes = int(old_forward) + int(reference)
         forward_micro = forward_passes * max(rl.data.batch_size * rl.rollout.n // micro, 1) if rl else 0
         plan.dcn = dcn_traffic(run.mesh, per_device_params * c, t_bytes, steps * num_micro, forward_micro,
                                plan.rollout.weights_bytes if plan.rollout is not None else 0)
@@ -519,7 +527,7 @@ def render(plan: Plan) -> str:
         "formulas (b rows/device, T tokens, L layers, e hidden, h/k heads/kv heads, D head dim, m mlp, V vocab,",
         " t tensor ways, c compute bytes): per token per layer A = c(4e + (2h+2k)D/t + 3m/t),",
         " S = (4+c)hT/t (xla attention probs); none = LbT(A+S); save_dots = LbTc(3e+(h+2k)D/t+2m/t) + bT(A+S);",
-        " full = LbTce + bT(A+S); logits = 2 b min(T,1024) V/t 4; kv = 2 L ceil(seqs/(data*fsdp)) len ceil(k/t) D c.",
+        " full = LbTce + bT(A+S); logits = 2 b c V/t 4 (c: a chunk within 256 MiB); kv = 2 L ceil(seqs/(data*fsdp)) len ceil(k/t) D c.",
         " params/optimizer/gradients: exact shard shapes from the logical-axis rules.",
     ]
     if plan.rollout is not None:
@@ -530,6 +538,52 @@ def render(plan: Plan) -> str:
             " per replica.",
         ]
     return "\n".join(lines)
+
+
+def _micro_key(run) -> tuple[str, int, int]:
+    """(the config key that sets the micro-batch, the rows one unit of it is, the mini-batch
+    rows it must divide): an RL actor's per-device micro-batch, or a supervised run's."""
+    from rljax.parallel import abstract_mesh, data_parallel_size
+    from rljax.rl.config import RLConfig
+
+    if isinstance(run, RLConfig):
+        import jax
+
+        dp = data_parallel_size(abstract_mesh(run.mesh, jax.device_count()))
+        return "actor.ppo_micro_batch_size_per_device", dp, run.actor.ppo_mini_batch_size * run.rollout.n
+    return "trainer.micro_batch_size", 1, run.data.batch_size
+
+
+def check_fits(run, budget: int, sharing: int, *, kv: bool, backend: str) -> Plan:
+    """The plan of `run` (`make_plan`), or a `ConfigError` before anything is built when
+    it does not fit: `sharing` devices' totals (the training state, activations, logits;
+    with `kv`, the sampler's pool) against `budget` bytes (on CPU the host's free memory,
+    which all its devices share; on an accelerator one device's). The message names the
+    largest micro-batch that fits, or `model.remat: full` when none does as configured."""
+    from rljax.config import ConfigError
+
+    def need(plan: Plan) -> int:
+        return sharing * (plan.total + (plan.kv[0][1] if kv and plan.kv else 0))
+
+    plan = make_plan(run, backend=backend)
+    if need(plan) <= budget:
+        return plan
+    key, unit, mini = _micro_key(run)
+    fits = None
+    for per in (p for p in range(mini // unit, 0, -1) if mini % (p * unit) == 0):
+        smaller = need(make_plan(run, micro_batch=per * unit, backend=backend))
+        if smaller <= budget:
+            fits = f"{key}={per} fits ({smaller / GiB:.2f} GiB)"
+            break
+    if fits is None:
+        remat = dataclasses.replace(run, model=dataclasses.replace(run.model, remat="full"))
+        least = need(make_plan(remat, micro_batch=unit, backend=backend))
+        fits = (f"model.remat=full at {key}=1 fits ({least / GiB:.2f} GiB)" if least <= budget else
+                f"no micro-batch fits, not even with model.remat=full at {key}=1 ({least / GiB:.2f} GiB): "
+                "more devices or a smaller model")
+    raise ConfigError(
+        f"memory: the plan needs {need(plan) / GiB:.2f} GiB ({sharing} device(s) x {need(plan) / sharing / GiB:.2f} "
+        f"GiB: `rljax plan`) and {budget / GiB:.2f} GiB is free: " + fits)
 
 
 def main(args) -> int:

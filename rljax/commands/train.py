@@ -9,7 +9,10 @@ whose defaults are the algorithm's preset, `rljax.rl.presets`: `ppo` sets
 lists them.
 
 The whole config is checked before anything is built (`rljax.config.validate`, with the
-device count): a mistake is one line naming the key, within seconds. Run again, the
+device count): a mistake is one line naming the key, within seconds. So is a run whose
+memory plan (`rljax plan`) does not fit the machine, naming the micro-batch that does;
+while it runs, a watch warns on stderr when host memory is nearly gone
+(`rljax.memory.MemoryWatch`), so an out-of-memory kill never comes unannounced. Run again, the
 command resumes the run; a config other than the saved one is refused, naming each
 changed key, unless `--allow-config-change` (`rljax.runs.resume_changes`).
 """
@@ -78,9 +81,35 @@ def main(args) -> int:
     import jax
 
     validate(cfg, num_devices=jax.device_count())  # mesh and batch sizes, before anything is built
+    check_memory(cfg, kind)
+    from rljax.memory import MemoryWatch
     from rljax.runs import config_change_allowed
 
     module, name = TRAINERS[kind]
-    with config_change_allowed(args.allow_config_change):
-        getattr(importlib.import_module(module), name)(cfg)
+    watch = MemoryWatch(advice=f"`rljax plan {args.config}` shows where the memory goes").start()
+    try:
+        with config_change_allowed(args.allow_config_change):
+            getattr(importlib.import_module(module), name)(cfg)
+    finally:
+        watch.stop()
     return 0
+
+
+def check_memory(cfg, kind: str) -> None:
+    """A `ConfigError` before anything is built when the run's memory plan does not fit
+    (`rljax.commands.plan.check_fits`): on CPU against the host's free memory, shared by
+    every local device; on an accelerator against one device's memory."""
+    import jax
+
+    from rljax.commands.plan import check_fits
+    from rljax.memory import host_memory
+
+    backend = jax.default_backend()
+    if backend == "cpu":
+        mem = host_memory()
+        if mem is not None:
+            check_fits(cfg, mem.available, len(jax.local_devices()), kv=kind == "rl", backend="cpu")
+        return
+    limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
+    if limit:  # the sampler's pool takes a fraction of what training leaves: training alone must fit
+        check_fits(cfg, int(limit), 1, kv=False, backend=backend)

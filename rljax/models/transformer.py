@@ -33,7 +33,7 @@ from rljax.models.config import DTypePolicy, ModelConfig, RopeConfig
 from rljax.models.lora import Dropout, add_delta, scaled
 from rljax.models.mlp import swiglu
 from rljax.models.moe import Routing, moe_mlp
-from rljax.parallel import constrain, gather_weight
+from rljax.parallel import activation_block, constrain, gather_weight
 
 # Logical axes of the residual stream (batch over data x fsdp; see rljax.parallel).
 ACTIVATION = ("batch", "length", "act_embed")
@@ -412,14 +412,17 @@ class Decoder(nnx.Module):
 
         The one way from a decoder to token log-probs: the SFT / DPO objectives, the RL
         trainer's old / reference forwards and validation perplexity all read them here.
-        The logits are computed chunk by chunk over positions
-        (`rljax.algos.log_probs.log_probs_from_hidden`), never as one `[B, T, V]` array.
+        The logits are computed chunk by chunk over positions, a device's chunk of them
+        within `rljax.algos.log_probs.LOGITS_CHUNK_BYTES` (`positions_per_chunk`, from the
+        active mesh's split of the rows and the vocabulary), never as one `[B, T, V]` array.
         `adapters=False`: the base model's (the LoRA reference policy). `expert_ids`
         `[B, T, L, k]`: routing replay (`hidden_states_and_routing`)."""
         hidden = self.hidden_states(input_ids, attention_mask, positions, segment_ids, adapters,
                                     expert_ids=expert_ids)  # [B, T, E]
-        return log_probs_from_hidden(hidden, self.unembedding(), input_ids, temperature=temperature,
-                                     compute_entropy=entropy)
+        unembed = self.unembedding()  # [E, V]
+        rows, _, vocab = activation_block((*input_ids.shape, unembed.shape[-1]), ("batch", "length", "vocab"))
+        return log_probs_from_hidden(hidden, unembed, input_ids, temperature=temperature, compute_entropy=entropy,
+                                     shards=(-(-input_ids.shape[0] // rows), -(-unembed.shape[-1] // vocab)))
 
     def __call__(
         self,

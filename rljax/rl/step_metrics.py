@@ -68,11 +68,12 @@ def rollout_mismatch(batch: StepBatch) -> dict[str, float]:
 
 def throughput(batch: StepBatch, elapsed: float, update_seconds: float, epochs: int,
                flops_per_token: Callable[[int], float], flops_peak: float) -> dict[str, float]:
-    """Tokens of the step, tokens per second per device, and (with a known peak) the
-    actor update's model FLOPs utilisation over its `epochs` passes."""
+    """Tokens of the step, tokens per second per device, the actor update's model FLOP/s
+    per device over its `epochs` passes, and (with a known peak) its utilisation."""
     tokens = float(batch.attention_mask.sum())
     out = {"perf/total_num_tokens": tokens, "perf/throughput": tokens / elapsed / jax.device_count()}
+    flops = tokens * flops_per_token(batch.input_ids.shape[1]) * epochs
+    out["perf/update_flops_per_s"] = flops / max(update_seconds, 1e-9) / jax.device_count()
     if flops_peak:
-        flops = tokens * flops_per_token(batch.input_ids.shape[1]) * epochs
         out["perf/mfu"] = flops / update_seconds / flops_peak
     return out

@@ -38,6 +38,7 @@ from rljax.checkpoint import abstract_like
 from rljax.config import ConfigError
 from rljax.data import make_dataset
 from rljax.hostsync import exchange_objects
+from rljax.memory import memory_metrics
 from rljax.models.heads import ScalarHeadModel
 from rljax.models.lora import sharing_base
 from rljax.parallel import make_mesh, state_shardings
@@ -236,6 +237,7 @@ class RLTrainer:
         metrics.update(timer.seconds)
         metrics.update(throughput(batch, time.perf_counter() - start, metrics["timing_s/update_actor"],
                                   self.cfg.actor.ppo_epochs, self.actor_flops_per_token, self.flops_peak))
+        metrics.update(memory_metrics())
         return metrics
 
     def update(self, batch: StepBatch, timer: Timer) -> tuple[StepBatch, dict[str, float]]:

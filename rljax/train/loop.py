@@ -21,12 +21,13 @@ import numpy as np
 
 from rljax.checkpoint import abstract_like
 from rljax.data import make_dataset
+from rljax.memory import memory_metrics
+from rljax.models.lora import join
 from rljax.parallel import check_batch, make_mesh, shard_local_batch
 from rljax.runs import Run
 from rljax.train.objectives import make_eval_step
 from rljax.train.optim import make_optimizer
 from rljax.train.run_config import RunConfig
-from rljax.models.lora import join
 from rljax.train.setup import build_decoder, init_sharded_train_state, peak_flops, place_trainable
 from rljax.train.skip_guard import SkipGuard
 from rljax.train.steps import make_train_step
@@ -109,6 +110,7 @@ def _train(run: Run, mesh) -> dict:
             "perf/throughput": tokens * jax.process_count() / elapsed / jax.device_count(),  # tokens/s/device
             "perf/total_num_tokens": tokens,
             "perf/seq_len": seq_len,  # padded length of the step's batch (every process's)
+            **memory_metrics(),
         })
         if flops_peak:
             host["perf/mfu"] = tokens * model_config.flops_per_token(seq_len) / elapsed / flops_peak

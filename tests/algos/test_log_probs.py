@@ -155,3 +155,36 @@ def test_chunked_on_a_sharded_batch():
     np.testing.assert_allclose(v1, v0, rtol=1e-5)
     np.testing.assert_allclose(gh1, gh0, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(gw1, gw0, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- chunk size from a byte budget
+def test_positions_per_chunk_by_hand():
+    from rljax.algos.log_probs import LOGITS_CHUNK_BYTES, positions_per_chunk
+
+    assert LOGITS_CHUNK_BYTES == 256 * 2**20
+    # 64 rows x 49,152 (SmolLM2) = 12 MiB a position: 21 fit, so 6 chunks over 112 positions, of 19
+    assert positions_per_chunk(112, 64, 49152) == 19
+    # 16 rows: 85 fit, 2 chunks of 56 (not 85 + 27: the last chunk would pad 58 positions)
+    assert positions_per_chunk(112, 16, 49152) == 56
+    assert positions_per_chunk(112, 4, 49152) is None  # all 112 fit (341 would)
+    assert positions_per_chunk(4096, 8, 151936, budget=4 * 8 * 151936 - 1) == 1  # not even one: one
+    assert positions_per_chunk(10, 1, 1, budget=40) is None
+
+
+def _temp_bytes(chunk_size, rows=64, length=112, vocab=49152, hidden=8):
+    def f(h, w, ids):
+        return jnp.sum(log_probs_from_hidden(h, w, ids, chunk_size=chunk_size))
+
+    args = (jax.ShapeDtypeStruct((rows, length, hidden), jnp.float32),
+            jax.ShapeDtypeStruct((hidden, vocab), jnp.float32),
+            jax.ShapeDtypeStruct((rows, length), jnp.int32))
+    return jax.jit(jax.grad(f, argnums=(0, 1))).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def test_auto_chunks_keep_the_logits_within_the_budget():
+    # SmolLM2's vocabulary at micro-batch 64: [64, 112, V] fp32 logits are 1.31 GiB; the
+    # default chunks keep the backward's temporaries to two chunks of 19 positions (a
+    # chunk's logits and their gradient: `rljax plan`'s term), against two full copies
+    full, chunk = 64 * 112 * 49152 * 4, 64 * 19 * 49152 * 4
+    assert _temp_bytes(None) > 2 * full
+    assert _temp_bytes("auto") < 2.1 * chunk

@@ -179,3 +179,30 @@ def test_plan_of_qwen3_30b_a3b_on_64_v5p_chips():
     assert "DOES NOT FIT" in crowded.notes[0]
     # 8x, but for the few small tensors (q / k norms) every chip holds whole
     assert 7.99 < rows(crowded)["params (float32)"] / names["params (float32)"] <= 8
+
+
+def test_check_fits_names_the_largest_micro_batch_that_fits():
+    """A run whose plan does not fit its memory is refused before anything is built, with
+    the largest per-device micro-batch (dividing the mini-batch) whose plan fits."""
+    from rljax.commands.plan import check_fits
+    from rljax.config import ConfigError
+
+    config = TINY.replace("sft_tiny.yaml", "gsm8k_qwen2.5_0.5b_grpo.yaml")
+    tiny = "{model_type: qwen2, vocab_size: 4096, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, " \
+           "num_attention_heads: 4, num_key_value_heads: 2}"
+    run = load_raw(config, [f"model.hf_config={tiny}"])  # mini-batch 64 x 4 rows, micro 16 per device, 8 devices
+
+    def need(per_device):
+        plan = make_plan(run, micro_batch=per_device * 8, backend="cpu")
+        return 8 * (plan.total + plan.kv[0][1])
+
+    assert need(16) > need(8) > need(4)
+    assert check_fits(run, need(16), 8, kv=True, backend="cpu").total * 8 + make_plan(run).kv[0][1] * 8 == need(16)
+    with pytest.raises(ConfigError, match=r"^memory: the plan needs .* GiB \(8 device\(s\) x .* free: "
+                                          r"actor\.ppo_micro_batch_size_per_device=8 fits \("):
+        check_fits(run, need(16) - 1, 8, kv=True, backend="cpu")
+    with pytest.raises(ConfigError, match=r"actor\.ppo_micro_batch_size_per_device=4 fits"):
+        check_fits(run, need(8) - 1, 8, kv=True, backend="cpu")  # 32 / 8 = 4 rows divides 256; 6, 7 do not
+    with pytest.raises(ConfigError, match=r"no micro-batch fits, not even with model\.remat=full at "
+                                          r"actor\.ppo_micro_batch_size_per_device=1 \("):
+        check_fits(run, 1, 8, kv=True, backend="cpu")

@@ -107,3 +107,14 @@ def test_processes_agree_on_the_longest_sequence_length():
     assert out["group_ids"] is mine["group_ids"]
     same = agree_lengths(mine, allgather=lambda local: np.stack([local, np.array([16, 16], np.int32)]))
     assert same["input_ids"].shape == (2, 32)  # the longest is ours: nothing to pad
+
+
+def test_activation_block_is_a_devices_share_under_the_active_mesh():
+    from rljax.parallel import activation_block
+
+    logits = (64, 112, 49152)
+    axes = ("batch", "length", "vocab")
+    assert activation_block(logits, axes) == logits  # no mesh: the whole array
+    with jax.set_mesh(mesh_of(data=2, fsdp=2, tensor=2)):
+        assert activation_block(logits, axes) == (16, 112, 24576)  # rows over data x fsdp, vocab over tensor
+        assert activation_block((3, 112, 49151), axes) == (3, 112, 49151)  # what does not divide stays whole
