@@ -99,7 +99,7 @@ def test_type_text():
 
 @pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
 def test_show_prints_every_key_with_its_comment_and_loads_back(path):
-    from rljax.commands.train import config_class
+    from rljax.commands.run_kinds import config_class
 
     cls = config_class(path, [])
     cfg = load_config(cls, path)

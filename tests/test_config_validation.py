@@ -237,7 +237,7 @@ def test_algorithm_sets():
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml"))),
                          ids=os.path.basename)
 def test_shipped_configs_load_and_validate(path):
-    from rljax.commands.train import config_class
+    from rljax.commands.run_kinds import config_class
 
     cfg = load_config(config_class(path, []), path)
     validate(cfg, num_devices=8)

@@ -49,6 +49,7 @@ LAYERS: tuple[str, ...] = (
     "rljax.checkpoint",  # orbax checkpoints, resume
     "rljax.tracking",  # metrics writers
     "rljax.metrics",  # how step metrics combine
+    "rljax.memory",  # peak memory, the host's free memory, the low-memory watch
     # what a step is made of, in data-flow order
     "rljax.algos",  # losses, advantages, log-probs: pure math
     "rljax.models",  # the decoder, HF weights, LoRA

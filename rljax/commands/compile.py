@@ -186,7 +186,7 @@ def load_checked(args, tpu):
     and checked for the slice's chip count (`rljax.config.validate`), before libtpu is
     loaded: a bad config is one `ConfigError` line. Also its run kind."""
     from rljax.commands.run_kinds import RUN_CONFIGS
-    from rljax.commands.train import kind_of
+    from rljax.commands.run_kinds import kind_of
     from rljax.config import ConfigError, load_config, validate
 
     kind = kind_of(args.config, args.overrides)

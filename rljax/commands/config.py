@@ -44,7 +44,7 @@ def main(args) -> int:
     if args.action == "docs":
         print(config_docs(), end="")
         return 0
-    from rljax.commands.train import config_class
+    from rljax.commands.run_kinds import config_class
     from rljax.config import load_config
 
     cfg = load_config(config_class(args.config, args.overrides), args.config, args.overrides)

@@ -61,7 +61,7 @@ def add_arguments(parser) -> None:
 def load(path: str, overrides: list[str]):
     """The run config of `path` with dotted `overrides`, as `rljax train` reads it: a
     `RunConfig` or an `RLConfig` by the run kind, every value checked."""
-    from rljax.commands.train import config_class
+    from rljax.commands.run_kinds import config_class
     from rljax.config import load_config
 
     return load_config(config_class(path, overrides), path, overrides)

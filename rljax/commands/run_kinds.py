@@ -48,6 +48,32 @@ def run_kind(raw: dict, source: str = "the config") -> RunKind:
     raise unknown_algorithm(algorithm, RL_ALGORITHMS)
 
 
+def kind_of(path: str, overrides: list[str]) -> str:
+    """The run kind (`run_kind`) of the file at `path`, with
+    `trainer.algorithm` as the overrides set it."""
+    import yaml
+
+    from rljax.config import read_yaml
+
+    raw = read_yaml(path)
+    for item in overrides:
+        key, _, text = item.partition("=")
+        if key.strip() == "trainer.algorithm":
+            try:
+                algorithm = yaml.safe_load(text)
+            except yaml.YAMLError:
+                raise ConfigError(f"override {item!r}: the value is not valid YAML") from None
+            trainer = raw.get("trainer")
+            raw = {**raw, "trainer": {**(trainer if isinstance(trainer, dict) else {}), "algorithm": algorithm}}
+    return run_kind(raw, path)
+
+
+def config_class(path: str, overrides: list[str]) -> type:
+    """`RunConfig` or `RLConfig`, by the run kind (unset `trainer.algorithm`: `sft`, unless
+    the file has RL sections); an unknown algorithm is a `ConfigError` listing the valid ones."""
+    return RUN_CONFIGS[kind_of(path, overrides)]
+
+
 def checkpoint_kind(path: str) -> RunKind:
     """The run kind of the run `path` names (a run directory, its checkpoints/ or one step
     directory), read from the `config.yaml` the run wrote."""

@@ -37,39 +37,10 @@ def add_arguments(parser) -> None:
                              "config.step-N.yaml and a config_change event in metrics.jsonl)")
 
 
-def kind_of(path: str, overrides: list[str]) -> str:
-    """The run kind (`rljax.commands.run_kinds.run_kind`) of the file at `path`, with
-    `trainer.algorithm` as the overrides set it."""
-    import yaml
-
-    from rljax.commands.run_kinds import run_kind
-    from rljax.config import ConfigError, read_yaml
-
-    raw = read_yaml(path)
-    for item in overrides:
-        key, _, text = item.partition("=")
-        if key.strip() == "trainer.algorithm":
-            try:
-                algorithm = yaml.safe_load(text)
-            except yaml.YAMLError:
-                raise ConfigError(f"override {item!r}: the value is not valid YAML") from None
-            trainer = raw.get("trainer")
-            raw = {**raw, "trainer": {**(trainer if isinstance(trainer, dict) else {}), "algorithm": algorithm}}
-    return run_kind(raw, path)
-
-
-def config_class(path: str, overrides: list[str]) -> type:
-    """`RunConfig` or `RLConfig`, by the run kind (unset `trainer.algorithm`: `sft`, unless
-    the file has RL sections); an unknown algorithm is a `ConfigError` listing the valid ones."""
-    from rljax.commands.run_kinds import RUN_CONFIGS
-
-    return RUN_CONFIGS[kind_of(path, overrides)]
-
-
 def main(args) -> int:
     import importlib
 
-    from rljax.commands.run_kinds import RUN_CONFIGS
+    from rljax.commands.run_kinds import RUN_CONFIGS, kind_of
     from rljax.config import load_config, validate
 
     kind = kind_of(args.config, args.overrides)
