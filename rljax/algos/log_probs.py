@@ -21,23 +21,25 @@ from jax.typing import ArrayLike
 
 from rljax.algos.aggregation import AggTerms, agg_loss_terms, finish_loss
 
-DEFAULT_CHUNK_SIZE = 256  # sequence positions per chunk (all rows at once)
-LOGITS_CHUNK_BYTES = 256 * 2**20  # one chunk's float32 logits on a device (`positions_per_chunk`)
+DEFAULT_CHUNK_SIZE = 256  # sequence positions per chunk (all rows at once), at most
+LOGITS_CHUNK_BYTES = 2**30  # one chunk's float32 logits on a device, at most (`positions_per_chunk`)
 
 
-def positions_per_chunk(length: int, rows: int, vocab: int, budget: int = LOGITS_CHUNK_BYTES) -> int | None:
-    """The chunk of the log-prob computation over `length` positions whose float32 logits
-    block, rows x chunk x vocab x 4 bytes (a device's rows and vocabulary share), fits in
-    `budget` bytes; None when all `length` positions fit at once (no chunking).
+def positions_per_chunk(length: int, rows: int, vocab: int, budget: int = LOGITS_CHUNK_BYTES,
+                        most: int = DEFAULT_CHUNK_SIZE) -> int | None:
+    """The chunk of the log-prob computation over `length` positions: at most `most`
+    positions, and fewer where their float32 logits block, rows x chunk x vocab x 4 bytes
+    (a device's rows and vocabulary share), would pass `budget` bytes; None when all
+    `length` positions fit at once (no chunking).
 
-    The chunk count is the fewest that fit, n = ceil(length / floor(budget / (4 rows vocab))),
-    and the positions are spread evenly over them, ceil(length / n), so padding the last
-    chunk costs less than n positions. E.g. 64 rows x 49,152 vocabulary (12 MiB a position)
-    over 112 positions: 21 fit, 6 chunks of 19."""
-    most = max(1, budget // (4 * max(rows, 1) * max(vocab, 1)))
-    if most >= length:
+    The chunk count is the fewest that fit, n = ceil(length / min(most, floor(budget /
+    (4 rows vocab)))), and the positions are spread evenly over them, ceil(length / n), so
+    padding the last chunk costs less than n positions. E.g. 64 rows x 49,152 vocabulary
+    (12 MiB a position) over 112 positions: 85 fit in 1 GiB, so 2 chunks of 56."""
+    fit = min(most, max(1, budget // (4 * max(rows, 1) * max(vocab, 1))))
+    if fit >= length:
         return None
-    return -(-length // -(-length // most))
+    return -(-length // -(-length // fit))
 
 
 def align_next_token(per_position: ArrayLike) -> jax.Array:
@@ -174,7 +176,8 @@ def log_probs_from_hidden(
         input_ids: [B, T] int token ids.
         temperature: logits are divided by it (as the sampler does).
         chunk_size: sequence positions per chunk; None computes all logits at once; "auto":
-            `positions_per_chunk` (a device's chunk of logits within `LOGITS_CHUNK_BYTES`).
+            `positions_per_chunk` (at most `DEFAULT_CHUNK_SIZE` positions, a device's
+            block of logits within `LOGITS_CHUNK_BYTES`).
         compute_entropy: also return the aligned entropies.
         shards: (ways the rows, ways the vocabulary are split over devices), for "auto".
 

@@ -159,7 +159,7 @@ def moe_dispatch_bytes(cfg, rows: int, seq: int, fsdp: int, tensor: int, compute
 
 
 def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, remat: str,
-                     attention: str = "xla", fsdp: int = 1) -> int:
+                     attention: str = "xla", fsdp: int = 1, fused: bool = True) -> int:
     """Activations kept for the backward pass of one micro-batch on one device.
 
     b = rows per device, T = tokens per row, L layers, e hidden, h heads, k kv heads,
@@ -171,6 +171,12 @@ def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, 
         S = (4 + c) * h T / t                           xla attention's [T, T] probs per
                                                        head (f32 + compute copy); 0 for
                                                        a flash kernel
+    Unfused (`fused=False`, XLA:CPU, which keeps an elementwise op's inputs for its
+    backward rather than fusing it into a neighbour's), also
+        A += c * ((h + k) D / t + m / t)              q k before RoPE, sigmoid(gate)
+        S += 4 h T / t                                 the scores before the softmax
+    (SmolLM2-135M, fp32, 64 rows x 112 tokens: XLA:CPU's compiled train step holds 66.5 KB
+    per token per layer; fused 41.8 KB, unfused 55.1 KB).
       none:      L b T (A + S)
       save_dots: L b T c (3e + (h + 2k) D / t + 2m / t)  + one layer's b T (A + S)
       full:      L b T c e                              + one layer's b T (A + S)
@@ -184,6 +190,9 @@ def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, 
         3 * cfg.intermediate_size / tensor, 2 * cfg.intermediate_size / tensor)
     per_token = c * (4 * e + (2 * h + 2 * k) * d / tensor + mlp_none)
     scores = (4 + c) * h * seq / tensor if attention == "xla" else 0  # the other kernels are flash-style
+    if not fused:
+        per_token += c * ((h + k) * d / tensor + (0 if cfg.is_moe else cfg.intermediate_size / tensor))
+        scores += 4 * h * seq / tensor if attention == "xla" else 0
     one_layer = rows * seq * (per_token + scores)
     if remat == "none":
         return int(L * one_layer)
@@ -197,7 +206,8 @@ def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, 
 def logits_bytes(cfg, rows: int, seq: int, tensor: int) -> int:
     """Chunked log-probs: 2 x b x c x V / t float32, a chunk's logits and their gradient
     (chunks are recomputed, never all stored), c the chunk the model computes
-    (`rljax.algos.log_probs.positions_per_chunk`: within `LOGITS_CHUNK_BYTES`) or all T."""
+    (`rljax.algos.log_probs.positions_per_chunk`: at most 256 positions, within 1 GiB) or
+    all T."""
     from rljax.algos.log_probs import positions_per_chunk
 
     vocab = math.ceil(cfg.vocab_size / tensor)
@@ -423,7 +433,7 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
         plan.add("critic: params + optimizer + gradients", p_bytes + o_bytes + t_bytes)
     kernel = resolved_attention(section.attention, backend, policy.compute_dtype, cfg.head_dim)
     for remat in ("none", "save_dots", "full"):
-        act = activation_bytes(cfg, rows, seq, tensor, c, remat, kernel, mesh.shape["fsdp"])
+        act = activation_bytes(cfg, rows, seq, tensor, c, remat, kernel, mesh.shape["fsdp"], fused=backend != "cpu")
         plan.add(f"activations, remat={remat}" + (" (configured)" if remat == section.remat else ""),
                  act, count=remat == section.remat)
     plan.add("logits, chunked log-probs", logits_bytes(cfg, rows, seq, tensor))
@@ -527,7 +537,7 @@ def render(plan: Plan) -> str:
         "formulas (b rows/device, T tokens, L layers, e hidden, h/k heads/kv heads, D head dim, m mlp, V vocab,",
         " t tensor ways, c compute bytes): per token per layer A = c(4e + (2h+2k)D/t + 3m/t),",
         " S = (4+c)hT/t (xla attention probs); none = LbT(A+S); save_dots = LbTc(3e+(h+2k)D/t+2m/t) + bT(A+S);",
-        " full = LbTce + bT(A+S); logits = 2 b c V/t 4 (c: a chunk within 256 MiB); kv = 2 L ceil(seqs/(data*fsdp)) len ceil(k/t) D c.",
+        " full = LbTce + bT(A+S); logits = 2 b c V/t 4 (c: a chunk, <= 256 positions, <= 1 GiB); kv = 2 L ceil(seqs/(data*fsdp)) len ceil(k/t) D c.",
         " params/optimizer/gradients: exact shard shapes from the logical-axis rules.",
     ]
     if plan.rollout is not None:

@@ -159,14 +159,15 @@ def test_chunked_on_a_sharded_batch():
 
 # ---------------------------------------------------------------- chunk size from a byte budget
 def test_positions_per_chunk_by_hand():
-    from rljax.algos.log_probs import LOGITS_CHUNK_BYTES, positions_per_chunk
+    from rljax.algos.log_probs import DEFAULT_CHUNK_SIZE, LOGITS_CHUNK_BYTES, positions_per_chunk
 
-    assert LOGITS_CHUNK_BYTES == 256 * 2**20
-    # 64 rows x 49,152 (SmolLM2) = 12 MiB a position: 21 fit, so 6 chunks over 112 positions, of 19
-    assert positions_per_chunk(112, 64, 49152) == 19
-    # 16 rows: 85 fit, 2 chunks of 56 (not 85 + 27: the last chunk would pad 58 positions)
-    assert positions_per_chunk(112, 16, 49152) == 56
-    assert positions_per_chunk(112, 4, 49152) is None  # all 112 fit (341 would)
+    assert (LOGITS_CHUNK_BYTES, DEFAULT_CHUNK_SIZE) == (2**30, 256)
+    # 64 rows x 49,152 (SmolLM2) = 12 MiB a position: 85 fit in 1 GiB, so 2 chunks of 56 over
+    # 112 positions (not 85 + 27: the last chunk would pad 58 positions)
+    assert positions_per_chunk(112, 64, 49152) == 56
+    assert positions_per_chunk(112, 16, 49152) is None  # all 112 fit (341 would)
+    assert positions_per_chunk(1536, 4, 152064) == 256  # 441 would fit: at most 256, 6 chunks
+    assert positions_per_chunk(1000, 4, 152064) == 250  # 4 chunks of 250, not 3 x 256 + 232
     assert positions_per_chunk(4096, 8, 151936, budget=4 * 8 * 151936 - 1) == 1  # not even one: one
     assert positions_per_chunk(10, 1, 1, budget=40) is None
 
@@ -183,8 +184,8 @@ def _temp_bytes(chunk_size, rows=64, length=112, vocab=49152, hidden=8):
 
 def test_auto_chunks_keep_the_logits_within_the_budget():
     # SmolLM2's vocabulary at micro-batch 64: [64, 112, V] fp32 logits are 1.31 GiB; the
-    # default chunks keep the backward's temporaries to two chunks of 19 positions (a
+    # default chunks keep the backward's temporaries to two chunks of 56 positions (a
     # chunk's logits and their gradient: `rljax plan`'s term), against two full copies
-    full, chunk = 64 * 112 * 49152 * 4, 64 * 19 * 49152 * 4
+    full, chunk = 64 * 112 * 49152 * 4, 64 * 56 * 49152 * 4
     assert _temp_bytes(None) > 2 * full
     assert _temp_bytes("auto") < 2.1 * chunk
