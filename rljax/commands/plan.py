@@ -49,7 +49,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--kv-len", type=int, default=None, help="tokens per cached sequence (default 2048)")
     parser.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the compute dtype)")
     parser.add_argument("--backend", default="gpu", choices=["gpu", "tpu", "cpu"],
-                        help="the platform `model.attention: auto` resolves for (default gpu)")
+                        help="the platform planned for: what `model.attention: auto` resolves to; cpu also counts "
+                             "what XLA:CPU keeps unfused (default gpu)")
     parser.add_argument("--reference", action="store_true",
                         help="add a frozen reference model (automatic for trainer.algorithm=dpo)")
     parser.add_argument("--critic", action="store_true", help="add a trained critic of the same size (PPO)")
