@@ -19,6 +19,8 @@ changed key, unless `--allow-config-change` (`rljax.runs.resume_changes`).
 
 from __future__ import annotations
 
+import sys
+
 HELP = "Train (SFT, reward model, DPO, PPO/GRPO and relatives) from a YAML config with dotted overrides."
 
 # run kind -> (module, function) that runs it; imported when called, so `rljax --help` loads neither
@@ -75,12 +77,19 @@ def check_memory(cfg, kind: str) -> None:
     from rljax.commands.plan import check_fits
     from rljax.memory import host_memory
 
+    from rljax.config import ConfigError
+
     backend = jax.default_backend()
-    if backend == "cpu":
-        mem = host_memory()
-        if mem is not None:
-            check_fits(cfg, mem.available, len(jax.local_devices()), kv=kind == "rl", backend="cpu")
-        return
-    limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
-    if limit:  # the sampler's pool takes a fraction of what training leaves: training alone must fit
-        check_fits(cfg, int(limit), 1, kv=False, backend=backend)
+    try:
+        if backend == "cpu":
+            mem = host_memory()
+            if mem is not None:
+                check_fits(cfg, mem.available, len(jax.local_devices()), kv=kind == "rl", backend="cpu")
+            return
+        limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
+        if limit:  # the sampler's pool takes a fraction of what training leaves: training alone must fit
+            check_fits(cfg, int(limit), 1, kv=False, backend=backend)
+    except ConfigError:
+        raise
+    except (Exception, SystemExit) as e:  # a config the planner cannot read still runs; it says so
+        print(f"rljax: memory not checked: the plan failed ({type(e).__name__}: {e})", file=sys.stderr)
