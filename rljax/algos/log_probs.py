@@ -22,7 +22,16 @@ from jax.typing import ArrayLike
 from rljax.algos.aggregation import AggTerms, agg_loss_terms, finish_loss
 
 DEFAULT_CHUNK_SIZE = 256  # sequence positions per chunk (all rows at once), at most
-LOGITS_CHUNK_BYTES = 2**30  # one chunk's float32 logits on a device, at most (`positions_per_chunk`)
+LOGITS_CHUNK_BYTES = 2**30  # one chunk's float32 logits on an accelerator device, at most (`positions_per_chunk`)
+# XLA:CPU keeps about four chunk-sized buffers through a train step (no fusion): smaller
+# chunks there. SmolLM2-135M GRPO update, 64 rows x 112 tokens, remat=full: peak RSS
+# 5.76 GiB with 256 MiB chunks, 7.79 GiB with 1 GiB (docs/benchmarks.md).
+CPU_LOGITS_CHUNK_BYTES = 256 * 2**20
+
+
+def logits_chunk_bytes(platform: str) -> int:
+    """The budget of one chunk's float32 logits per device on `platform` ("cpu", "gpu", "tpu")."""
+    return CPU_LOGITS_CHUNK_BYTES if platform == "cpu" else LOGITS_CHUNK_BYTES
 
 
 def positions_per_chunk(length: int, rows: int, vocab: int, budget: int = LOGITS_CHUNK_BYTES,
@@ -156,6 +165,7 @@ def log_probs_from_hidden(
     chunk_size: int | None | str = "auto",
     compute_entropy: bool = False,
     shards: tuple[int, int] = (1, 1),
+    chunk_bytes: int = LOGITS_CHUNK_BYTES,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Aligned token log-probs (and entropies) from final hidden states and the unembedding.
 
@@ -177,7 +187,7 @@ def log_probs_from_hidden(
         temperature: logits are divided by it (as the sampler does).
         chunk_size: sequence positions per chunk; None computes all logits at once; "auto":
             `positions_per_chunk` (at most `DEFAULT_CHUNK_SIZE` positions, a device's
-            block of logits within `LOGITS_CHUNK_BYTES`).
+            block of logits within `chunk_bytes`).
         compute_entropy: also return the aligned entropies.
         shards: (ways the rows, ways the vocabulary are split over devices), for "auto".
 
@@ -191,7 +201,8 @@ def log_probs_from_hidden(
     targets = jnp.roll(input_ids, -1, axis=1)  # [B, T]
     if chunk_size == "auto":
         rows, length = input_ids.shape
-        chunk_size = positions_per_chunk(length, -(-rows // shards[0]), -(-unembed.shape[-1] // shards[1]))
+        chunk_size = positions_per_chunk(length, -(-rows // shards[0]), -(-unembed.shape[-1] // shards[1]),
+                                         chunk_bytes)
     stats = functools.partial(_chunk_stats, temperature=temperature, compute_entropy=compute_entropy)
     log_probs, entropy = map_position_chunks(  # [B, T] each, about the next token
         lambda w, h, t: stats(h, t, w), unembed, (hidden, targets), chunk_size)
@@ -203,11 +214,13 @@ def log_probs_from_hidden(
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
+    "CPU_LOGITS_CHUNK_BYTES",
     "LOGITS_CHUNK_BYTES",
     "align_next_token",
     "compute_entropy_loss",
     "entropy_from_logits",
     "log_probs_from_hidden",
+    "logits_chunk_bytes",
     "map_position_chunks",
     "positions_per_chunk",
     "token_entropy",

@@ -204,15 +204,15 @@ def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, 
     raise ValueError(f"unknown remat {remat!r}")
 
 
-def logits_bytes(cfg, rows: int, seq: int, tensor: int) -> int:
+def logits_bytes(cfg, rows: int, seq: int, tensor: int, backend: str = "gpu") -> int:
     """Chunked log-probs: 2 x b x c x V / t float32, a chunk's logits and their gradient
-    (chunks are recomputed, never all stored), c the chunk the model computes
-    (`rljax.algos.log_probs.positions_per_chunk`: at most 256 positions, within 1 GiB) or
-    all T."""
-    from rljax.algos.log_probs import positions_per_chunk
+    (chunks are recomputed, never all stored), c the chunk the model computes on `backend`
+    (`rljax.algos.log_probs.positions_per_chunk`: at most 256 positions, within 1 GiB;
+    256 MiB on CPU) or all T."""
+    from rljax.algos.log_probs import logits_chunk_bytes, positions_per_chunk
 
     vocab = math.ceil(cfg.vocab_size / tensor)
-    chunk = positions_per_chunk(seq, rows, vocab) or seq
+    chunk = positions_per_chunk(seq, rows, vocab, logits_chunk_bytes(backend)) or seq
     return int(2 * rows * chunk * vocab * 4)
 
 
@@ -437,7 +437,7 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
         act = activation_bytes(cfg, rows, seq, tensor, c, remat, kernel, mesh.shape["fsdp"], fused=backend != "cpu")
         plan.add(f"activations, remat={remat}" + (" (configured)" if remat == section.remat else ""),
                  act, count=remat == section.remat)
-    plan.add("logits, chunked log-probs", logits_bytes(cfg, rows, seq, tensor))
+    plan.add("logits, chunked log-probs", logits_bytes(cfg, rows, seq, tensor, backend))
 
     # the sampler's KV cache: on the training mesh (tp = 0), or the replicas' below; a supervised
     # config has no sampler: the engine's defaults
@@ -538,7 +538,7 @@ def render(plan: Plan) -> str:
         "formulas (b rows/device, T tokens, L layers, e hidden, h/k heads/kv heads, D head dim, m mlp, V vocab,",
         " t tensor ways, c compute bytes): per token per layer A = c(4e + (2h+2k)D/t + 3m/t),",
         " S = (4+c)hT/t (xla attention probs); none = LbT(A+S); save_dots = LbTc(3e+(h+2k)D/t+2m/t) + bT(A+S);",
-        " full = LbTce + bT(A+S); logits = 2 b c V/t 4 (c: a chunk, <= 256 positions, <= 1 GiB); kv = 2 L ceil(seqs/(data*fsdp)) len ceil(k/t) D c.",
+        " full = LbTce + bT(A+S); logits = 2 b c V/t 4 (c: a chunk, <= 256 positions, <= 1 GiB; 256 MiB on cpu); kv = 2 L ceil(seqs/(data*fsdp)) len ceil(k/t) D c.",
         " params/optimizer/gradients: exact shard shapes from the logical-axis rules.",
     ]
     if plan.rollout is not None:

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rljax.algos.log_probs import log_probs_from_hidden
-from rljax.models.attention import get_attention, segment_positions
+from rljax.algos.log_probs import log_probs_from_hidden, logits_chunk_bytes
+from rljax.models.attention import get_attention, segment_positions, target_backend
 from rljax.models.config import DTypePolicy, ModelConfig, RopeConfig
 from rljax.models.lora import Dropout, add_delta, scaled
 from rljax.models.mlp import swiglu
@@ -413,8 +413,9 @@ class Decoder(nnx.Module):
         The one way from a decoder to token log-probs: the SFT / DPO objectives, the RL
         trainer's old / reference forwards and validation perplexity all read them here.
         The logits are computed chunk by chunk over positions, a device's chunk of them
-        within `rljax.algos.log_probs.LOGITS_CHUNK_BYTES` (`positions_per_chunk`, from the
-        active mesh's split of the rows and the vocabulary), never as one `[B, T, V]` array.
+        within `rljax.algos.log_probs.logits_chunk_bytes` of the platform traced for
+        (`target_backend`; `positions_per_chunk`, from the active mesh's split of the rows and the
+        vocabulary), never as one `[B, T, V]` array.
         `adapters=False`: the base model's (the LoRA reference policy). `expert_ids`
         `[B, T, L, k]`: routing replay (`hidden_states_and_routing`)."""
         hidden = self.hidden_states(input_ids, attention_mask, positions, segment_ids, adapters,
@@ -422,7 +423,8 @@ class Decoder(nnx.Module):
         unembed = self.unembedding()  # [E, V]
         rows, _, vocab = activation_block((*input_ids.shape, unembed.shape[-1]), ("batch", "length", "vocab"))
         return log_probs_from_hidden(hidden, unembed, input_ids, temperature=temperature, compute_entropy=entropy,
-                                     shards=(-(-input_ids.shape[0] // rows), -(-unembed.shape[-1] // vocab)))
+                                     shards=(-(-input_ids.shape[0] // rows), -(-unembed.shape[-1] // vocab)),
+                                     chunk_bytes=logits_chunk_bytes(target_backend()))
 
     def __call__(
         self,

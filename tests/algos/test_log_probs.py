@@ -159,9 +159,11 @@ def test_chunked_on_a_sharded_batch():
 
 # ---------------------------------------------------------------- chunk size from a byte budget
 def test_positions_per_chunk_by_hand():
-    from rljax.algos.log_probs import DEFAULT_CHUNK_SIZE, LOGITS_CHUNK_BYTES, positions_per_chunk
+    from rljax.algos.log_probs import DEFAULT_CHUNK_SIZE, LOGITS_CHUNK_BYTES, logits_chunk_bytes, positions_per_chunk
 
     assert (LOGITS_CHUNK_BYTES, DEFAULT_CHUNK_SIZE) == (2**30, 256)
+    assert logits_chunk_bytes("cpu") == 256 * 2**20 and logits_chunk_bytes("tpu") == logits_chunk_bytes("gpu") == 2**30
+    assert positions_per_chunk(112, 64, 49152, 256 * 2**20) == 19  # 21 fit: 6 chunks of 19
     # 64 rows x 49,152 (SmolLM2) = 12 MiB a position: 85 fit in 1 GiB, so 2 chunks of 56 over
     # 112 positions (not 85 + 27: the last chunk would pad 58 positions)
     assert positions_per_chunk(112, 64, 49152) == 56
@@ -172,9 +174,9 @@ def test_positions_per_chunk_by_hand():
     assert positions_per_chunk(10, 1, 1, budget=40) is None
 
 
-def _temp_bytes(chunk_size, rows=64, length=112, vocab=49152, hidden=8):
+def _temp_bytes(chunk_size, rows=64, length=112, vocab=49152, hidden=8, chunk_bytes=2**30):
     def f(h, w, ids):
-        return jnp.sum(log_probs_from_hidden(h, w, ids, chunk_size=chunk_size))
+        return jnp.sum(log_probs_from_hidden(h, w, ids, chunk_size=chunk_size, chunk_bytes=chunk_bytes))
 
     args = (jax.ShapeDtypeStruct((rows, length, hidden), jnp.float32),
             jax.ShapeDtypeStruct((hidden, vocab), jnp.float32),
@@ -182,10 +184,11 @@ def _temp_bytes(chunk_size, rows=64, length=112, vocab=49152, hidden=8):
     return jax.jit(jax.grad(f, argnums=(0, 1))).lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
-def test_auto_chunks_keep_the_logits_within_the_budget():
+@pytest.mark.parametrize("chunk_bytes,chunk", [(2**30, 56), (256 * 2**20, 19)])
+def test_auto_chunks_keep_the_logits_within_the_budget(chunk_bytes, chunk):
     # SmolLM2's vocabulary at micro-batch 64: [64, 112, V] fp32 logits are 1.31 GiB; the
-    # default chunks keep the backward's temporaries to two chunks of 56 positions (a
-    # chunk's logits and their gradient: `rljax plan`'s term), against two full copies
-    full, chunk = 64 * 112 * 49152 * 4, 64 * 56 * 49152 * 4
+    # default chunks keep the backward's temporaries to two chunks (a chunk's logits and
+    # their gradient: `rljax plan`'s term), against two full copies
+    full, block = 64 * 112 * 49152 * 4, 64 * chunk * 49152 * 4
     assert _temp_bytes(None) > 2 * full
-    assert _temp_bytes("auto") < 2.1 * chunk
+    assert _temp_bytes("auto", chunk_bytes=chunk_bytes) < 2.1 * block
