@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from rljax import cli
-from rljax.commands.train import config_class
+from rljax.commands.run_kinds import config_class
 from rljax.config import check_config, config_to_dict, from_dict, load_config, read_yaml
 from rljax.rl.config import RL_ALGORITHMS, RLConfig
 from rljax.rl.presets import PRESETS
