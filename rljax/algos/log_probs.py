@@ -23,9 +23,11 @@ from rljax.algos.aggregation import AggTerms, agg_loss_terms, finish_loss
 
 DEFAULT_CHUNK_SIZE = 256  # sequence positions per chunk (all rows at once), at most
 LOGITS_CHUNK_BYTES = 2**30  # one chunk's float32 logits on an accelerator device, at most (`positions_per_chunk`)
-# XLA:CPU keeps about four chunk-sized buffers through a train step (no fusion): smaller
-# chunks there. SmolLM2-135M GRPO update, 64 rows x 112 tokens, remat=full: peak RSS
-# 5.76 GiB with 256 MiB chunks, 7.79 GiB with 1 GiB (docs/benchmarks.md).
+# On CPU the host's memory is the limit and a laptop's is small: smaller chunks. XLA's
+# compiled temporaries of the log-probs' forward + backward for SmolLM2's vocabulary, 64
+# rows x 112 positions: 2.63 GiB unchunked, 1.45 GiB in 1 GiB chunks (56 positions), 0.58
+# GiB in 256 MiB chunks (19). On an accelerator 1 GiB keeps the 256-position chunks for
+# up to 7 rows per device at a 152k vocabulary.
 CPU_LOGITS_CHUNK_BYTES = 256 * 2**20
 
 
