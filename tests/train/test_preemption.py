@@ -25,7 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SFT_CONFIG = os.path.join(ROOT, "configs", "sft_tiny.yaml")
 
 # what differs between two runs of the same steps: wall-clock measurements
-VOLATILE = ("timing_s/", "perf/throughput", "perf/mfu", "perf/time_per_step")
+VOLATILE = ("timing_s/", "perf/throughput", "perf/mfu", "perf/time_per_step", "perf/update_flops_per_s",
+            "perf/max_memory")
 
 # the subprocesses reuse what the others compiled (tests/conftest.py)
 SHARE_PROGRAMS_HOOK = textwrap.dedent("""
