@@ -6,7 +6,11 @@ nothing, so a large-vocabulary random model still runs), the synthetic arithmeti
 (`synthetic:arithmetic/rl?n=...`), the built-in reward scored in a worker process (in
 every mode: an inline reward would be scored on the trainer's main thread, so in the
 asynchronous modes a finished rollout would wait for the update to end), GRPO with the k3 KL loss (so the
-reference forward runs). `RLTrainer.step()` runs `--steps` times, one row each; the
+reference forward runs; `--kl-coef 0`: none). `--path` runs real weights instead (an HF
+folder or a .gguf file, with its tokenizer): two-digit additions asked as a question
+under the model's chat template, graded on the last number. `peak_GiB` is the memory
+held so far (`perf/max_memory_GiB`: on CPU the process's peak resident set).
+`RLTrainer.step()` runs `--steps` times, one row each; the
 first compiles every program (sampler buckets, log-prob forward, update), and a later
 step whose samples reach a new sampler bucket compiles that one (`sampler_programs`
 counts them), so read the steps after the count stops growing. The `timing_s/*`
@@ -45,9 +49,12 @@ counts that saving along with the overlap.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
+from urllib.parse import quote
 
-HELP = "One GRPO step (random model, synthetic arithmetic) with its time split (timing_s/*)."
+HELP = "One GRPO step (a random model or real weights, synthetic arithmetic) with its time split (timing_s/*)."
+REAL_MODEL_PROMPT = "What is {expression}? Answer with the number only."
 
 TIMING_KEYS = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "wait_rollout", "step")
 MODES = ("sync", "one_step_off", "async")
@@ -57,6 +64,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from rljax.bench.train import add_model_arguments
 
     add_model_arguments(p)
+    p.add_argument("--path", default="",
+                   help="real weights and tokenizer instead of --model: an HF folder or a .gguf file (model.path); "
+                        "the prompts are then \"What is {expression}? Answer with the number only.\" under its "
+                        "chat template")
+    p.add_argument("--kl-coef", type=float, default=0.001,
+                   help="actor.kl_loss_coef of the low-var KL loss; 0: no KL, so no reference model or forward")
     p.add_argument("--prompts", type=int, default=8, help="prompts per step (data.train_batch_size)")
     p.add_argument("--n", type=int, default=4, help="samples per prompt (rollout.n)")
     p.add_argument("--response-length", type=int, default=64)
@@ -92,14 +105,22 @@ def build_config(args, run_dir: str, mode: str = "sync"):
 
     rows = args.prompts * args.n
     pages_per_row = -(-(args.max_prompt_length + args.response_length) // 16)
+    source = f"synthetic:arithmetic/rl?n={max(64, 4 * args.prompts)}&seed=0"
+    if args.path:  # a real model: its tokenizer and chat template, a question it can answer
+        model = ModelRunConfig(path=args.path, param_dtype=args.param_dtype, compute_dtype=args.dtype,
+                               remat=args.remat, attention=args.attention)
+        source += "&digits=2&operators=%2B&grading=last_number&template=" + quote(REAL_MODEL_PROMPT)
+    else:
+        model = ModelRunConfig(tokenizer="char", hf_config=hf_config_dict(args.model), param_dtype=args.param_dtype,
+                               compute_dtype=args.dtype, remat=args.remat, attention=args.attention)
     return RLConfig(
-        model=ModelRunConfig(tokenizer="char", hf_config=hf_config_dict(args.model), param_dtype=args.param_dtype,
-                           compute_dtype=args.dtype, remat=args.remat, attention=args.attention),
-        data=DataConfig(format="rl", train_files=[f"synthetic:arithmetic/rl?n={max(64, 4 * args.prompts)}&seed=0"],
+        model=model,
+        data=DataConfig(format="rl", train_files=[source],
                         batch_size=args.prompts, max_prompt_length=args.max_prompt_length,
                         max_length=args.max_prompt_length + args.response_length, bucket_size=16),
         actor=ActorConfig(ppo_mini_batch_size=args.prompts, ppo_micro_batch_size_per_device=args.micro_batch_per_device,
-                          use_kl_loss=True, kl_loss_type="low_var_kl", optim=OptimConfig(lr=1e-6)),
+                          use_kl_loss=args.kl_coef > 0, kl_loss_coef=args.kl_coef, kl_loss_type="low_var_kl",
+                          optim=OptimConfig(lr=1e-6)),
         rollout=RolloutConfig(n=args.n, temperature=1.0, response_length=args.response_length, max_num_seqs=rows,
                               max_num_batched_tokens=max(1024, 4 * args.max_prompt_length), page_size=16,
                               num_pages=1 + rows * pages_per_row + args.prompts,
@@ -174,7 +195,14 @@ def main(args: argparse.Namespace) -> int:
     from rljax.models.attention import choose_attention
     from rljax.rl.trainer import RLTrainer
 
-    config = model_config(args.model)
+    if args.path:
+        from rljax.commands.plan import model_config_of
+        from rljax.train.run_sections import ModelRunConfig
+
+        config = model_config_of(ModelRunConfig(path=args.path))
+    else:
+        config = model_config(args.model)
+    name = os.path.basename(args.path.rstrip("/")) if args.path else args.model
     attention = args.attention
     if attention == "auto":
         attention = f"auto->{choose_attention(jax.default_backend(), args.dtype, config.head_dim)}"
@@ -193,7 +221,7 @@ def main(args: argparse.Namespace) -> int:
             try:
                 for i in range(args.steps):
                     metrics = trainer.step()
-                    row = {"mode": mode, "iter": i, "model": args.model, "rows": args.prompts * args.n,
+                    row = {"mode": mode, "iter": i, "model": name, "rows": args.prompts * args.n,
                            "attention": attention}
                     row.update({k: metrics.get(f"timing_s/{k}") for k in TIMING_KEYS})
                     row["trainer_idle"] = metrics.get("async/trainer_idle_fraction")
@@ -205,16 +233,18 @@ def main(args: argparse.Namespace) -> int:
                     row["response_len"] = metrics.get("response_length/mean")
                     row["log_prob_diff_max"] = metrics.get("training/rollout_probs_diff_max")
                     row["sampler_programs"] = trainer.generation.num_compiled_programs  # grows: gen compiled
+                    row["peak_GiB"] = metrics.get("perf/max_memory_GiB")
                     mode_rows.append(row)
             finally:
                 trainer.close()
         rows += mode_rows
         summaries.append(summary(mode, mode_rows, args.skip))
-    print(f"model={args.model} params={config.num_params() / 1e6:.1f}M backend={jax.default_backend()} "
+    print(f"model={name} params={config.num_params() / 1e6:.1f}M backend={jax.default_backend()} "
           f"prompts={args.prompts} n={args.n} response_length={args.response_length} dtype={args.dtype} "
           f"remat={args.remat} (step 0 includes compilation)")
     print_table(rows, ["mode", "iter", "rows", "attention", *TIMING_KEYS, "trainer_idle", "sampler_idle",
-                       "staleness", "tokens", "tok_s", "mfu", "response_len", "log_prob_diff_max", "sampler_programs"])
+                       "staleness", "tokens", "tok_s", "mfu", "response_len", "log_prob_diff_max", "sampler_programs",
+                       "peak_GiB"])
     sync = next((m["step"] for m in summaries if m["mode"] == "sync"), None)
     for m in summaries:
         m["vs_sync"] = None if sync is None else sync / m["step"]

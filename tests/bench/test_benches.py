@@ -229,3 +229,26 @@ def test_mismatch_reports_routing_replay_on_a_moe(tmp_path):
         assert r["replay_max_abs"] < 1e-4 and r["max_abs"] < 1e-4
     (summary,) = report["summary"]
     assert summary["seeds"] == 2 and " +- " in summary["replay_max_abs"]
+
+
+@pytest.mark.slow
+def test_step_on_saved_weights_without_kl(tmp_path):
+    """`--path`: the weights and tokenizer of a saved model folder; `--kl-coef 0`: no
+    reference forward; one update per batch: no old log-prob forward either."""
+    from rljax.data.tokenizer import build_char_tokenizer
+    from rljax.models import init_model, save_hf
+    from tests.tiny_models import CHAR_VOCAB
+
+    folder = tmp_path / "tiny-hf"
+    config = ModelConfig(model_type="llama", vocab_size=CHAR_VOCAB, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                         tie_word_embeddings=True)
+    save_hf(init_model(config), str(folder), tokenizer=build_char_tokenizer())
+    out = tmp_path / "step.json"
+    assert cli.main(["bench", "step", "--path", str(folder), "--kl-coef", "0", "--prompts", "4", "--n", "2",
+                     "--response-length", "8", "--max-prompt-length", "64", "--dtype", "float32", "--steps", "1",
+                     "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["model"] == "tiny-hf" and row["rows"] == 8
+    assert row["old_log_prob"] is None and row["ref"] is None
+    assert row["gen"] > 0 and row["update_actor"] > 0 and row["peak_GiB"] > 0
