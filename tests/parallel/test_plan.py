@@ -206,3 +206,23 @@ def test_check_fits_names_the_largest_micro_batch_that_fits():
     with pytest.raises(ConfigError, match=r"no micro-batch fits, not even with model\.remat=full at "
                                           r"actor\.ppo_micro_batch_size_per_device=1 \("):
         check_fits(run, 1, 8, kv=True, backend="cpu")
+
+
+def test_cpu_plan_counts_what_xla_cpu_keeps_unfused():
+    """On CPU the activations also hold q, k before RoPE, sigmoid(gate) and the scores
+    before the softmax, per token per layer: c((h + k) D + m) + 4 h T bytes."""
+    run = load_raw(CONFIG, ["model.attention=xla"])
+
+    def act(backend):
+        return rows(make_plan(run, devices=1, backend=backend))["activations, remat=none (configured)"]
+
+    from rljax.commands.plan import model_config_of
+
+    cfg = model_config_of(run.model)
+    plan = make_plan(run, devices=1, backend="cpu")
+    b, t = run.trainer.micro_batch_size, run.data.max_length
+    assert f"micro-batch {b} rows" in plan.title[1] and f"x {t} tokens" in plan.title[1]
+    assert run.model.compute_dtype == "float32"
+    h, k, d, m, c = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size, 4)
+    extra = cfg.num_hidden_layers * b * t * (c * ((h + k) * d + m) + 4 * h * t)
+    assert act("cpu") - act("gpu") == extra
