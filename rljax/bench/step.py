@@ -196,10 +196,9 @@ def main(args: argparse.Namespace) -> int:
     from rljax.rl.trainer import RLTrainer
 
     if args.path:
-        from rljax.commands.plan import model_config_of
-        from rljax.train.run_sections import ModelRunConfig
+        from rljax.models import read_config
 
-        config = model_config_of(ModelRunConfig(path=args.path))
+        config = read_config(args.path)  # an HF folder's config.json or a GGUF file's metadata
     else:
         config = model_config(args.model)
     name = os.path.basename(args.path.rstrip("/")) if args.path else args.model
