@@ -166,7 +166,6 @@ def log_probs_from_hidden(
     temperature: float = 1.0,
     chunk_size: int | None | str = "auto",
     compute_entropy: bool = False,
-    shards: tuple[int, int] = (1, 1),
     chunk_bytes: int = LOGITS_CHUNK_BYTES,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Aligned token log-probs (and entropies) from final hidden states and the unembedding.
@@ -188,10 +187,10 @@ def log_probs_from_hidden(
         input_ids: [B, T] int token ids.
         temperature: logits are divided by it (as the sampler does).
         chunk_size: sequence positions per chunk; None computes all logits at once; "auto":
-            `positions_per_chunk` (at most `DEFAULT_CHUNK_SIZE` positions, a device's
-            block of logits within `chunk_bytes`).
+            `positions_per_chunk` (at most `DEFAULT_CHUNK_SIZE` positions, all B rows'
+            logits within `chunk_bytes`; `rljax.models.Decoder.hidden_log_probs` chooses
+            by a device's share under the mesh instead).
         compute_entropy: also return the aligned entropies.
-        shards: (ways the rows, ways the vocabulary are split over devices), for "auto".
 
     Returns:
         log_probs [B, T] float32, or (log_probs, entropy) when `compute_entropy`.
@@ -203,8 +202,7 @@ def log_probs_from_hidden(
     targets = jnp.roll(input_ids, -1, axis=1)  # [B, T]
     if chunk_size == "auto":
         rows, length = input_ids.shape
-        chunk_size = positions_per_chunk(length, -(-rows // shards[0]), -(-unembed.shape[-1] // shards[1]),
-                                         chunk_bytes)
+        chunk_size = positions_per_chunk(length, rows, unembed.shape[-1], chunk_bytes)
     stats = functools.partial(_chunk_stats, temperature=temperature, compute_entropy=compute_entropy)
     log_probs, entropy = map_position_chunks(  # [B, T] each, about the next token
         lambda w, h, t: stats(h, t, w), unembed, (hidden, targets), chunk_size)

@@ -3,7 +3,7 @@
 The sampler (`rljax.rollout.Sampler`: paged KV cache, chunked prefill, one-token decode
 steps) generates `--n` samples per random prompt at temperature 1 from a random model in
 `--dtype` (parameters and compute); the trainer's forward (`Decoder.hidden_states` on the
-whole prompt + response, `rljax.algos.log_probs.log_probs_from_hidden`, float32 softmax)
+whole prompt + response, `Decoder.hidden_log_probs`, float32 softmax)
 then recomputes the log-probability of every generated token. Over the response tokens:
 
     max  |log p_rollout(y_t) - log p_train(y_t)|      mean |...|      p99 |...|
@@ -124,13 +124,11 @@ def trainer_log_probs_fn(graphdef):
     import jax
     from flax import nnx
 
-    from rljax.algos.log_probs import log_probs_from_hidden
-
     @jax.jit
     def log_probs(state, ids, mask, expert_ids=None):
         model = nnx.merge(graphdef, state)
         hidden, routing = model.hidden_states_and_routing(ids, attention_mask=mask, expert_ids=expert_ids)
-        lp = log_probs_from_hidden(hidden, model.unembedding(), ids, temperature=1.0)
+        lp = model.hidden_log_probs(hidden, ids, temperature=1.0)
         return lp, None if routing is None else routing.experts
 
     return log_probs

@@ -75,9 +75,8 @@ def check_memory(cfg, kind: str) -> None:
     import jax
 
     from rljax.commands.plan import check_fits
-    from rljax.memory import host_memory
-
     from rljax.config import ConfigError
+    from rljax.memory import host_memory
 
     backend = jax.default_backend()
     try:

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rljax.algos.log_probs import log_probs_from_hidden, logits_chunk_bytes
+from rljax.algos.log_probs import log_probs_from_hidden, logits_chunk_bytes, positions_per_chunk
 from rljax.models.attention import get_attention, segment_positions, target_backend
 from rljax.models.config import DTypePolicy, ModelConfig, RopeConfig
 from rljax.models.lora import Dropout, add_delta, scaled
@@ -412,19 +412,27 @@ class Decoder(nnx.Module):
 
         The one way from a decoder to token log-probs: the SFT / DPO objectives, the RL
         trainer's old / reference forwards and validation perplexity all read them here.
-        The logits are computed chunk by chunk over positions, a device's chunk of them
-        within `rljax.algos.log_probs.logits_chunk_bytes` of the platform traced for
-        (`target_backend`; `positions_per_chunk`, from the active mesh's split of the rows and the
-        vocabulary), never as one `[B, T, V]` array.
+        The logits are computed chunk by chunk over positions (`hidden_log_probs`), never
+        as one `[B, T, V]` array.
         `adapters=False`: the base model's (the LoRA reference policy). `expert_ids`
         `[B, T, L, k]`: routing replay (`hidden_states_and_routing`)."""
         hidden = self.hidden_states(input_ids, attention_mask, positions, segment_ids, adapters,
                                     expert_ids=expert_ids)  # [B, T, E]
+        return self.hidden_log_probs(hidden, input_ids, temperature=temperature, entropy=entropy)
+
+    def hidden_log_probs(self, hidden: jax.Array, input_ids: jax.Array, *, temperature: float = 1.0,
+                         entropy: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+        """`token_log_probs` from final hidden states `[B, T, E]` (a caller that also needs
+        the hidden states or the routing, e.g. the actor's objective). The chunk: as many
+        positions (at most 256) as keep a device's float32 logits within
+        `rljax.algos.log_probs.logits_chunk_bytes` of the platform traced for
+        (`target_backend`), a device's block of rows and vocabulary read from the active
+        mesh (`positions_per_chunk`)."""
         unembed = self.unembedding()  # [E, V]
-        rows, _, vocab = activation_block((*input_ids.shape, unembed.shape[-1]), ("batch", "length", "vocab"))
-        return log_probs_from_hidden(hidden, unembed, input_ids, temperature=temperature, compute_entropy=entropy,
-                                     shards=(-(-input_ids.shape[0] // rows), -(-unembed.shape[-1] // vocab)),
-                                     chunk_bytes=logits_chunk_bytes(target_backend()))
+        rows, length, vocab = activation_block((*input_ids.shape, unembed.shape[-1]), ("batch", "length", "vocab"))
+        chunk = positions_per_chunk(length, rows, vocab, logits_chunk_bytes(target_backend()))
+        return log_probs_from_hidden(hidden, unembed, input_ids, temperature=temperature, chunk_size=chunk,
+                                     compute_entropy=entropy)
 
     def __call__(
         self,

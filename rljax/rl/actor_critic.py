@@ -50,7 +50,6 @@ from flax import nnx
 
 from rljax.algos.aggregation import AggTerms, agg_denominator, agg_loss_terms
 from rljax.algos.kl import FULL_KL, kl_from_hidden, kl_penalty
-from rljax.algos.log_probs import log_probs_from_hidden
 from rljax.algos.masked import masked_mean, safe_divide
 from rljax.algos.registry import get_policy_loss_fn, loss_denominator
 from rljax.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
@@ -148,8 +147,7 @@ def actor_objective(actor: ActorConfig, temperature: float,
         hidden, routing = model.hidden_states_and_routing(  # [B, T, E], per-layer routing statistics
             batch.input_ids, attention_mask=batch.attention_mask,
             expert_ids=batch.expert_ids if actor.router_replay else None)
-        log_prob, entropy = log_probs_from_hidden(hidden, model.unembedding(), batch.input_ids,
-                                                  temperature=temperature, compute_entropy=True)
+        log_prob, entropy = model.hidden_log_probs(hidden, batch.input_ids, temperature=temperature, entropy=True)
         weights, pg_mask, metrics = pg_weights_and_mask(batch, log_prob)
         old = batch.old_log_probs
         if old is None:  # one update at the parameters the old forward would use: its log-probs, detached
