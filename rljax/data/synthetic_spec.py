@@ -3,7 +3,7 @@
     synthetic:arithmetic/sft?n=2000&seed=0&digits=2
 
 names a synthetic task (`rljax.data.synthetic`; the tool-use task ``tool_arithmetic`` of
-`rljax.data.synthetic_tools`), a row format (sft | preference | rl) and its knobs, e.g.
+`rljax.data.synthetic_tools`; the code task ``code`` of `rljax.data.synthetic_code`), a row format (sft | preference | rl) and its knobs, e.g.
 
     synthetic:tool_arithmetic/sft?n=4000&seed=0&max_digits=3&tool_fraction=0.5
 
@@ -20,10 +20,23 @@ from urllib.parse import parse_qsl
 
 import yaml
 
-from rljax.data import synthetic_tools
+from rljax.data import synthetic_code, synthetic_tools
 from rljax.data.synthetic import make_rows, write_rows
 
+# Row makers of the tasks outside `rljax.data.synthetic`.
+_MAKERS = {task: module.make_rows for module in (synthetic_tools, synthetic_code) for task in module.TASKS}
+
 _SPEC = re.compile(r"^synthetic:(?P<task>[\w-]+)/(?P<format>\w+)(?:\?(?P<query>.*))?$")
+
+
+def _knob(text: str) -> object:
+    """A knob's value: its YAML reading (numbers, booleans), or the text itself where it is
+    not a YAML scalar (a template like ``{spec} Reply with code only.``)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if value is None or isinstance(value, (str, int, float, bool)) else text
 
 
 def is_spec(path: str) -> bool:
@@ -40,13 +53,13 @@ def materialize(files: list[str], directory: str, split: str = "train") -> list[
         match = _SPEC.match(path)
         if not match:
             raise ValueError(f"data file {path!r}: expected synthetic:<task>/<format>?n=...&seed=...")
-        knobs = {k: yaml.safe_load(v) for k, v in parse_qsl(match["query"] or "")}
+        knobs = {k: _knob(v) for k, v in parse_qsl(match["query"] or "")}
         n = int(knobs.pop("n", 1000))
         seed = int(knobs.pop("seed", 0))
         digest = hashlib.sha1(path.encode()).hexdigest()[:10]
         target = os.path.join(directory, f"{match['task']}_{match['format']}_{split}_{digest}.jsonl")
         if not os.path.exists(target):
-            make = synthetic_tools.make_rows if match["task"] in synthetic_tools.TASKS else make_rows
+            make = _MAKERS.get(match["task"], make_rows)
             rows = make(match["format"], n, seed=seed, task=match["task"], split=split, **knobs)
             tmp = f"{target}.{os.getpid()}.tmp.jsonl"  # processes on one host may race
             write_rows(rows, tmp)

@@ -1,4 +1,5 @@
-"""Code rewards: verl's ``codecontests``, ``apps``, ``codeforces`` and ``taco`` data sources.
+"""Code rewards: verl's ``codecontests``, ``apps``, ``codeforces`` and ``taco`` data sources, and
+rljax's ``synthetic/code`` task (`rljax.data.synthetic_code`), scored the same way.
 
 The response's code runs against the test cases of ``ground_truth`` and the score is the
 share that pass, with the semantics of verl's ``default_compute_score`` for these sources
@@ -44,7 +45,7 @@ from typing import Any
 from rljax.rewards.code_runner import SandboxFusionClient, SandboxFusionError, SandboxLimits, run_in_sandbox
 from rljax.rewards.registry import register_reward
 
-CODE_SOURCES = ("codecontests", "apps", "codeforces", "taco")
+CODE_SOURCES = ("codecontests", "apps", "codeforces", "taco", "synthetic/code")  # the last: rljax.data.synthetic_code
 CONTINUOUS_TESTS = 10  # verl scores the first ten tests when not all pass
 
 

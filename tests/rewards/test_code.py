@@ -50,7 +50,7 @@ def score(code: str, gt=SUM_GT, settings=SETTINGS, **kw) -> float:
 def test_registered_for_verls_code_sources():
     for name in ("codecontests", "apps", "codeforces", "taco"):
         assert name in known_data_sources() and get_reward_fn(name) is compute_score
-    assert set(CODE_SOURCES) == {"codecontests", "apps", "codeforces", "taco"}
+    assert set(CODE_SOURCES) == {"codecontests", "apps", "codeforces", "taco", "synthetic/code"}
 
 
 @pytest.mark.parametrize("completion, code", [
