@@ -8,7 +8,9 @@ every mode: an inline reward would be scored on the trainer's main thread, so in
 asynchronous modes a finished rollout would wait for the update to end), GRPO with the k3 KL loss (so the
 reference forward runs; `--kl-coef 0`: none). `--path` runs real weights instead (an HF
 folder or a .gguf file, with its tokenizer): two-digit additions asked as a question
-under the model's chat template, graded on the last number. `peak_GiB` is the memory
+under the model's chat template, graded on the last number; `--trl` then runs TRL's
+`GRPOTrainer` on the same work in its own process (`rljax.bench.trl_step`) and prints the
+two steps side by side with their ratio. `peak_GiB` is the memory
 held so far (`perf/max_memory_GiB`: on CPU the process's peak resident set).
 `RLTrainer.step()` runs `--steps` times, one row each; the
 first compiles every program (sampler buckets, log-prob forward, update), and a later
@@ -51,10 +53,12 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 HELP = "One GRPO step (a random model or real weights, synthetic arithmetic) with its time split (timing_s/*)."
 REAL_MODEL_PROMPT = "What is {expression}? Answer with the number only."
+# the synthetic arithmetic knobs of a real model's prompts (rljax.data.synthetic)
+REAL_MODEL_KNOBS = {"digits": 2, "operators": "+", "grading": "last_number", "template": REAL_MODEL_PROMPT}
 
 TIMING_KEYS = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "wait_rollout", "step")
 MODES = ("sync", "one_step_off", "async")
@@ -91,7 +95,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-seconds", type=float, default=0.0,
                    help="each step's actor update lasts at least this long (a sleep after it)")
     p.add_argument("--skip", type=int, default=1, help="steps left out of the per-mode summary (compilation)")
+    p.add_argument("--trl", action="store_true",
+                   help="with --path: also run TRL's GRPOTrainer on the same work in its own process "
+                        "(pip install rljax[trl]) and print both steps side by side with their ratio")
     p.add_argument("--out", default="bench_results/step.json")
+
+
+def real_model_rows(n: int) -> list[dict]:
+    """The first `n` rows of a real model's prompt set (what `build_config`'s spec writes)."""
+    from rljax.data.synthetic import make_rows
+
+    return make_rows("rl", n, seed=0, task="arithmetic", **REAL_MODEL_KNOBS)
 
 
 def build_config(args, run_dir: str, mode: str = "sync"):
@@ -109,7 +123,7 @@ def build_config(args, run_dir: str, mode: str = "sync"):
     if args.path:  # a real model: its tokenizer and chat template, a question it can answer
         model = ModelRunConfig(path=args.path, param_dtype=args.param_dtype, compute_dtype=args.dtype,
                                remat=args.remat, attention=args.attention)
-        source += "&digits=2&operators=%2B&grading=last_number&template=" + quote(REAL_MODEL_PROMPT)
+        source += "&" + urlencode(REAL_MODEL_KNOBS, quote_via=quote)
     else:
         model = ModelRunConfig(tokenizer="char", hf_config=hf_config_dict(args.model), param_dtype=args.param_dtype,
                                compute_dtype=args.dtype, remat=args.remat, attention=args.attention)
@@ -206,6 +220,9 @@ def main(args: argparse.Namespace) -> int:
     if attention == "auto":
         attention = f"auto->{choose_attention(jax.default_backend(), args.dtype, config.head_dim)}"
     rows, summaries = [], []
+    if args.trl and (not args.path or args.mode != ["sync"]):
+        raise SystemExit("rljax bench step: --trl runs TRL on real weights next to the sync step: give --path "
+                         "and no other --mode")
     for mode in args.mode:
         mode_rows = []
         with tempfile.TemporaryDirectory() as run_dir:
@@ -251,6 +268,51 @@ def main(args: argparse.Namespace) -> int:
           f"train-seconds={args.train_seconds}):")
     print_table(summaries, ["mode", "steps", "step", "gen", "train", "trainer_idle", "sampler_idle", "speedup",
                             "ideal", "vs_sync"])
-    write_json(args.out, "step", rows, {"args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-                                        "summary": summaries})
+    extra = {"args": {k: v for k, v in vars(args).items() if not k.startswith("_")}, "summary": summaries}
+    if args.trl:
+        extra["trl"] = side_by_side(args, rows)
+    write_json(args.out, "step", rows, extra)
     return 0
+
+
+def side_by_side(args, rows: list[dict]) -> dict:
+    """TRL's GRPOTrainer on the same work (`rljax.bench.trl_step`), medians over the steps
+    after the first `--skip`, next to rljax's sync steps; prints both and the ratios."""
+    import statistics
+
+    import jax
+
+    from rljax.bench import trl_step
+    from rljax.bench.report import print_table
+
+    trl_rows = trl_step.run({"path": args.path, "dtype": args.dtype, "prompts": args.prompts, "n": args.n,
+                             "response_length": args.response_length,
+                             # rljax's micro-batch over all its devices (0: the whole batch at once)
+                             "micro_batch": args.micro_batch_per_device * jax.device_count(),
+                             "kl_coef": args.kl_coef, "remat": args.remat, "steps": args.steps, "seed": 0,
+                             "use_cpu": jax.default_backend() == "cpu",
+                             "out_dir": tempfile.mkdtemp(prefix="rljax-trl-")})
+
+    def med(values):
+        values = [v or 0.0 for v in values]
+        return statistics.median(values) if values else None
+
+    ours = [r for r in rows if r["mode"] == "sync"][args.skip:] or [r for r in rows if r["mode"] == "sync"]
+    theirs = trl_rows[args.skip:] or trl_rows
+    table = [
+        {"system": "rljax", "step": med(r["step"] for r in ours), "gen": med(r["gen"] for r in ours),
+         "log_probs": med((r["old_log_prob"] or 0) + (r["ref"] or 0) for r in ours),
+         "update": med(r["update_actor"] for r in ours), "hand_off": med(r["update_weights"] for r in ours),
+         "peak_GiB": max(r["peak_GiB"] or 0 for r in rows)},
+        {"system": "trl", "step": med(r["step"] for r in theirs), "gen": med(r["gen"] + r["reward"] for r in theirs),
+         "log_probs": med(r["log_probs"] for r in theirs), "update": med(r["update"] for r in theirs),
+         "hand_off": 0.0, "peak_GiB": max(r["peak_GiB"] for r in trl_rows)},
+    ]
+    ratio = {"step_trl_over_rljax": table[1]["step"] / table[0]["step"],
+             "peak_trl_over_rljax": table[1]["peak_GiB"] / table[0]["peak_GiB"] if table[0]["peak_GiB"] else None}
+    print(f"\nside by side with TRL's GRPOTrainer (medians of steps after the first {args.skip}; gen includes "
+          "reward scoring; log_probs: old-policy + reference forwards):")
+    print_table(table, ["system", "step", "gen", "log_probs", "update", "hand_off", "peak_GiB"])
+    print(f"TRL step / rljax step = {ratio['step_trl_over_rljax']:.2f}; "
+          f"TRL peak / rljax peak = {ratio['peak_trl_over_rljax'] or float('nan'):.2f}")
+    return {"rows": trl_rows, "table": table, **ratio}

@@ -252,3 +252,35 @@ def test_step_on_saved_weights_without_kl(tmp_path):
     assert row["model"] == "tiny-hf" and row["rows"] == 8
     assert row["old_log_prob"] is None and row["ref"] is None
     assert row["gen"] > 0 and row["update_actor"] > 0 and row["peak_GiB"] > 0
+
+
+@pytest.mark.slow
+def test_step_side_by_side_with_trl(tmp_path):
+    """`--trl`: TRL's GRPOTrainer runs the same work on the same saved weights in its own
+    process; both rows, the table and the ratios are written."""
+    from rljax.data.tokenizer import build_char_tokenizer
+    from rljax.models import init_model, save_hf
+    from tests.tiny_models import CHAR_VOCAB
+
+    folder = tmp_path / "tiny-hf"
+    config = ModelConfig(model_type="llama", vocab_size=CHAR_VOCAB, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                         tie_word_embeddings=True)
+    save_hf(init_model(config), str(folder), tokenizer=build_char_tokenizer())
+    out = tmp_path / "step.json"
+    assert cli.main(["bench", "step", "--path", str(folder), "--kl-coef", "0", "--prompts", "4", "--n", "2",
+                     "--response-length", "8", "--max-prompt-length", "64", "--dtype", "float32", "--steps", "2",
+                     "--trl", "--out", str(out)]) == 0
+    trl = json.loads(out.read_text())["trl"]
+    assert len(trl["rows"]) == 2  # one per optimizer step of 8 completions
+    for row in trl["rows"]:
+        assert row["gen"] > 0 and row["update"] > 0 and row["step"] >= row["gen"] + row["update"] - 1e-6
+        assert row["peak_GiB"] > 0
+    ours, theirs = trl["table"]
+    assert (ours["system"], theirs["system"]) == ("rljax", "trl")
+    assert trl["step_trl_over_rljax"] == pytest.approx(theirs["step"] / ours["step"])
+
+
+def test_trl_needs_real_weights(capsys):
+    assert cli.main(["bench", "step", "--trl", "--steps", "1"]) == 1
+    assert "--trl runs TRL on real weights next to the sync step: give --path" in capsys.readouterr().err
