@@ -53,12 +53,8 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-from urllib.parse import quote, urlencode
 
 HELP = "One GRPO step (a random model or real weights, synthetic arithmetic) with its time split (timing_s/*)."
-REAL_MODEL_PROMPT = "What is {expression}? Answer with the number only."
-# the synthetic arithmetic knobs of a real model's prompts (rljax.data.synthetic)
-REAL_MODEL_KNOBS = {"digits": 2, "operators": "+", "grading": "last_number", "template": REAL_MODEL_PROMPT}
 
 TIMING_KEYS = ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "wait_rollout", "step")
 MODES = ("sync", "one_step_off", "async")
@@ -101,16 +97,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench_results/step.json")
 
 
-def real_model_rows(n: int) -> list[dict]:
-    """The first `n` rows of a real model's prompt set (what `build_config`'s spec writes)."""
-    from rljax.data.synthetic import make_rows
-
-    return make_rows("rl", n, seed=0, task="arithmetic", **REAL_MODEL_KNOBS)
-
-
 def build_config(args, run_dir: str, mode: str = "sync"):
     """The RLConfig of the benchmark run; `one_step_off`: one rollout replica of one
     device of the first half, the second half trains."""
+    from rljax.bench.real_prompts import real_model_spec
     from rljax.bench.train import hf_config_dict
     from rljax.data.config import DataConfig
     from rljax.rl.config import ActorConfig, AsyncConfig, RewardConfig, RLConfig, RLTrainerConfig, RolloutConfig
@@ -119,12 +109,12 @@ def build_config(args, run_dir: str, mode: str = "sync"):
 
     rows = args.prompts * args.n
     pages_per_row = -(-(args.max_prompt_length + args.response_length) // 16)
-    source = f"synthetic:arithmetic/rl?n={max(64, 4 * args.prompts)}&seed=0"
     if args.path:  # a real model: its tokenizer and chat template, a question it can answer
         model = ModelRunConfig(path=args.path, param_dtype=args.param_dtype, compute_dtype=args.dtype,
                                remat=args.remat, attention=args.attention)
-        source += "&" + urlencode(REAL_MODEL_KNOBS, quote_via=quote)
+        source = real_model_spec(max(64, 4 * args.prompts))
     else:
+        source = f"synthetic:arithmetic/rl?n={max(64, 4 * args.prompts)}&seed=0"
         model = ModelRunConfig(tokenizer="char", hf_config=hf_config_dict(args.model), param_dtype=args.param_dtype,
                                compute_dtype=args.dtype, remat=args.remat, attention=args.attention)
     return RLConfig(

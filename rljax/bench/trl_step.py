@@ -5,7 +5,7 @@ its peak resident memory is its own. The work is the same as rljax's in `rljax.b
 
 - the model: the same HF folder or ``.gguf`` file (read by transformers, fp32 unless
   ``--dtype bfloat16``), its tokenizer and chat template;
-- the prompts: rows of the same generator and knobs (`rljax.bench.step.real_model_rows`),
+- the prompts: rows of the same generator and knobs (`rljax.bench.real_prompts`),
   as conversational prompts, so TRL applies the same chat template;
 - the reward: rljax's ``synthetic/*`` scorer (the last number of the answer), called as a
   TRL reward function;
@@ -89,7 +89,7 @@ def train(args: dict[str, Any]) -> list[dict[str, Any]]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rljax.bench.step import real_model_rows
+    from rljax.bench.real_prompts import real_model_rows
     from rljax.rewards.synthetic import compute_score
 
     torch.manual_seed(args["seed"])
