@@ -31,12 +31,7 @@ from typing import Any, Callable
 
 TASKS: tuple[str, ...] = ("code",)
 DATA_SOURCE = "synthetic/code"
-# The example shows the answer's form (input() with no prompt text, one print); a 135M
-# instruct model asked without it prints "Enter a number: " and fails every test.
-DEFAULT_TEMPLATE = (
-    "{spec} Read the input with input() and print only the answer. For example, for a program"
-    " that prints n + 1 reply:\n```python\nn = int(input())\nprint(n + 1)\n```"
-)
+DEFAULT_TEMPLATE = "{spec}"
 
 
 @dataclass(frozen=True)
