@@ -231,10 +231,8 @@ def test_mismatch_reports_routing_replay_on_a_moe(tmp_path):
     assert summary["seeds"] == 2 and " +- " in summary["replay_max_abs"]
 
 
-@pytest.mark.slow
-def test_step_on_saved_weights_without_kl(tmp_path):
-    """`--path`: the weights and tokenizer of a saved model folder; `--kl-coef 0`: no
-    reference forward; one update per batch: no old log-prob forward either."""
+def _saved_tiny_model(tmp_path):
+    """A one-layer llama with the char tokenizer, saved as a Hugging Face folder."""
     from rljax.data.tokenizer import build_char_tokenizer
     from rljax.models import init_model, save_hf
     from tests.tiny_models import CHAR_VOCAB
@@ -244,6 +242,14 @@ def test_step_on_saved_weights_without_kl(tmp_path):
                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                          tie_word_embeddings=True)
     save_hf(init_model(config), str(folder), tokenizer=build_char_tokenizer())
+    return folder
+
+
+@pytest.mark.slow
+def test_step_on_saved_weights_without_kl(tmp_path):
+    """`--path`: the weights and tokenizer of a saved model folder; `--kl-coef 0`: no
+    reference forward; one update per batch: no old log-prob forward either."""
+    folder = _saved_tiny_model(tmp_path)
     out = tmp_path / "step.json"
     assert cli.main(["bench", "step", "--path", str(folder), "--kl-coef", "0", "--prompts", "4", "--n", "2",
                      "--response-length", "8", "--max-prompt-length", "64", "--dtype", "float32", "--steps", "1",
@@ -258,15 +264,7 @@ def test_step_on_saved_weights_without_kl(tmp_path):
 def test_step_side_by_side_with_trl(tmp_path):
     """`--trl`: TRL's GRPOTrainer runs the same work on the same saved weights in its own
     process; both rows, the table and the ratios are written."""
-    from rljax.data.tokenizer import build_char_tokenizer
-    from rljax.models import init_model, save_hf
-    from tests.tiny_models import CHAR_VOCAB
-
-    folder = tmp_path / "tiny-hf"
-    config = ModelConfig(model_type="llama", vocab_size=CHAR_VOCAB, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                         tie_word_embeddings=True)
-    save_hf(init_model(config), str(folder), tokenizer=build_char_tokenizer())
+    folder = _saved_tiny_model(tmp_path)
     out = tmp_path / "step.json"
     assert cli.main(["bench", "step", "--path", str(folder), "--kl-coef", "0", "--prompts", "4", "--n", "2",
                      "--response-length", "8", "--max-prompt-length", "64", "--dtype", "float32", "--steps", "2",
