@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import rljax.rewards.code_harness as code_harness
+from rljax.agent.tools.sandbox_fusion import parse_response
 
 
 @dataclass(frozen=True)
@@ -192,12 +193,9 @@ class SandboxFusionClient:
         except OSError as e:
             raise SandboxFusionError(f"{self.endpoint}: {e}") from None
         try:
-            out = json.loads(data)
-        except ValueError:
-            raise SandboxFusionError(f"{self.endpoint}: not JSON: {data[:200]!r}") from None
-        if not isinstance(out, dict) or "status" not in out:
-            raise SandboxFusionError(f"{self.endpoint}: not a SandboxFusion answer: {str(out)[:200]}")
-        return out
+            return parse_response(data)
+        except ValueError as e:
+            raise SandboxFusionError(f"{self.endpoint}: {e}") from None
 
 
 class _Retry(Exception):

@@ -27,7 +27,7 @@ from rljax.rewards.code import (
     value_matches,
 )
 from rljax.rewards.code_harness import stdin_program
-from rljax.rewards.code_runner import SandboxFusionClient, SandboxLimits, run_in_sandbox
+from rljax.rewards.code_runner import SandboxFusionClient, SandboxFusionError, SandboxLimits, run_in_sandbox
 
 REQUIRE_BWRAP = bool(os.environ.get("CI") or os.environ.get("RLJAX_REQUIRE_BWRAP"))
 OS_SANDBOX = "required" if REQUIRE_BWRAP else "auto"
@@ -232,6 +232,7 @@ class _FakeSandboxFusion(BaseHTTPRequestHandler):
     max_in_flight = 0
     fail_first = 0
     drop_first = 0  # of the requests after the failing ones: closed without an answer
+    garbage = b""  # set: every answer is HTTP 200 with this body
 
     def log_message(self, *args):
         pass
@@ -245,6 +246,7 @@ class _FakeSandboxFusion(BaseHTTPRequestHandler):
             dropping = not failing and cls.requests <= cls.fail_first + cls.drop_first
             cls.in_flight += 1
             cls.max_in_flight = max(cls.max_in_flight, cls.in_flight)
+        counted = True  # still in in_flight
         try:
             if self.path != "/run_code":
                 self.send_error(404)
@@ -254,6 +256,12 @@ class _FakeSandboxFusion(BaseHTTPRequestHandler):
                 return
             if dropping:
                 self.close_connection = True
+                return
+            if cls.garbage:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(cls.garbage)))
+                self.end_headers()
+                self.wfile.write(cls.garbage)
                 return
             time.sleep(0.05)
             try:
@@ -266,14 +274,18 @@ class _FakeSandboxFusion(BaseHTTPRequestHandler):
                 result = {"status": "TimeLimitExceeded", "return_code": None, "stdout": "", "stderr": ""}
                 status = "Failed"
             data = json.dumps({"status": status, "message": "", "compile_result": None, "run_result": result}).encode()
+            with cls.lock:  # done before the client can see the answer and send its next request
+                cls.in_flight -= 1
+                counted = False
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
         finally:
-            with cls.lock:
-                cls.in_flight -= 1
+            if counted:
+                with cls.lock:
+                    cls.in_flight -= 1
 
 
 @pytest.fixture
@@ -324,6 +336,19 @@ def test_sandbox_fusion_retries_then_gives_up(fake_server):
     handler.requests, handler.fail_first, handler.drop_first = 0, 10, 0
     assert score("a, b = map(int, input().split())\nprint(a + b)", one, settings) == 0.0
     assert handler.requests == 3  # the first try and two retries
+
+
+def test_sandbox_fusion_answers_that_are_not_sandbox_fusions_fail_the_test_without_retries(fake_server):
+    server, handler = fake_server
+    client = _client(server, max_retries=2)
+    one = {"inputs": ["1 2\n"], "outputs": ["3\n"]}
+    for body, problem in ((b"<html>oops</html>", "not JSON"), (b'{"unexpected": 1}', "not a SandboxFusion response")):
+        handler.requests, handler.garbage = 0, body
+        with pytest.raises(SandboxFusionError, match=problem):
+            client.run("print(3)", "")
+        assert score("a, b = map(int, input().split())\nprint(a + b)", one,
+                     CodeRewardSettings(sandbox_fusion=client)) == 0.0
+        assert handler.requests == 2  # one request each, none retried
 
 
 def test_reward_config_code_sections():

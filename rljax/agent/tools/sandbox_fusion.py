@@ -142,13 +142,7 @@ class SandboxFusionTool(Tool):
             raise
         except (socket.timeout, TimeoutError):
             raise asyncio.TimeoutError() from None
-        try:
-            out = json.loads(data)
-        except ValueError:
-            raise ValueError(f"not JSON: {data[:200]!r}") from None
-        if not isinstance(out, dict) or "status" not in out:
-            raise ValueError(f"not a SandboxFusion response: {str(out)[:200]}")
-        return out
+        return parse_response(data)
 
     def _cap(self, text: str | None) -> tuple[str, bool]:
         raw = (text or "").encode("utf-8", "replace")
@@ -192,6 +186,19 @@ class SandboxFusionTool(Tool):
         elif not compiled_ok and not run_result:
             text += "\nError: compilation failed"
         return ToolResult(text.strip("\n") or "(no output)", error=error)
+
+
+def parse_response(data: bytes) -> dict[str, Any]:
+    """A SandboxFusion server's answer as a dict with its ``status``; `ValueError` saying
+    what it is instead (not JSON, or JSON of something else). Shared with the code
+    reward's client (`rljax.rewards.code_runner`)."""
+    try:
+        out = json.loads(data)
+    except ValueError:
+        raise ValueError(f"not JSON: {data[:200]!r}") from None
+    if not isinstance(out, dict) or "status" not in out:
+        raise ValueError(f"not a SandboxFusion response: {str(out)[:200]}")
+    return out
 
 
 def _reason(e: BaseException) -> str:
