@@ -51,6 +51,8 @@ def load_model(path: str, dtype: str):
         folder, kwargs = path, {}
     tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **kwargs)
+    if is_gguf(path):  # dequantized to `dtype` on load, but still marked quantized, which Trainer refuses
+        model.hf_quantizer, model.is_quantized = None, False
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
