@@ -37,7 +37,16 @@ def memory_metrics() -> dict[str, float]:
 
 
 def resident_peak_bytes() -> int:
-    """This process's peak resident set size (Linux reports KiB)."""
+    """This program's peak resident set size: Linux's ``VmHWM``, the high-water mark of
+    its own memory (``ru_maxrss`` would also count the parent's peak from before the exec,
+    so a benchmark's child would report at least its parent's); ``ru_maxrss`` elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # KiB
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 

@@ -93,7 +93,7 @@ def _hf_model(preset: str, dtype: str, path: str, max_len: int):
     return model
 
 
-def _hf_pretrained(path: str, dtype: str):
+def hf_pretrained(path: str, dtype: str):
     """transformers' model of an HF folder or a `.gguf` file (dequantized by transformers)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -236,7 +236,7 @@ def main(args) -> int:
     hf, torch_device = None, None
     if args.model:
         model = load_hf(args.model, dtype=args.dtype)
-        hf = None if torch is None else _hf_pretrained(args.model, args.dtype)
+        hf = None if torch is None else hf_pretrained(args.model, args.dtype)
         torch_device = None if torch is None else "cuda" if torch.cuda.is_available() else "cpu"
         hf = hf if hf is None else hf.to(torch_device)
     elif torch is None:

@@ -19,40 +19,31 @@ Per step it reports (seconds): ``gen`` (TRL's ``_generate``), ``reward``, ``log_
 (what ``_generate_and_score_completions`` spends besides those two: the old-policy and
 reference forwards when TRL needs them), ``update`` (the rest of the step: forward,
 backward and optimizer over the micro-batches) and ``step``, plus ``peak_GiB`` (the
-process's peak resident set).
+process's peak resident set, `rljax.memory.resident_peak_bytes`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import resource
 import subprocess
 import sys
 import time
 from typing import Any
 
-TRL_KEYS = ("gen", "reward", "log_probs", "update", "step")
 RESULT = "trl rows: "  # the child's line with its rows (JSON) after it
 
 
 def load_model(path: str, dtype: str):
     """A transformers model and tokenizer from an HF folder or a ``.gguf`` file."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from rljax.models.gguf import is_gguf
+    from rljax.bench.sampler import hf_pretrained
+    from rljax.models.gguf import is_gguf, load_gguf_tokenizer
 
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    if is_gguf(path):
-        folder, name = os.path.split(os.path.abspath(path))
-        kwargs = {"gguf_file": name}
-    else:
-        folder, kwargs = path, {}
-    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, **kwargs)
+    model = hf_pretrained(path, dtype)
     if is_gguf(path):  # dequantized to `dtype` on load, but still marked quantized, which Trainer refuses
         model.hf_quantizer, model.is_quantized = None, False
+    tokenizer = load_gguf_tokenizer(path) if is_gguf(path) else AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
@@ -71,19 +62,6 @@ def _timed(obj: Any, name: str, totals: dict[str, float], key: str) -> None:
     setattr(obj, name, wrapped)
 
 
-def peak_gib() -> float:
-    """This process's peak resident set. Linux's ``VmHWM`` (the high-water mark of this
-    program's memory); ``ru_maxrss`` would also count the parent's from before the exec."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 2**20  # KiB
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
 def train(args: dict[str, Any]) -> list[dict[str, Any]]:
     """Run TRL's GRPO for ``args["steps"]`` steps; one row of timings per step."""
     import torch
@@ -92,6 +70,7 @@ def train(args: dict[str, Any]) -> list[dict[str, Any]]:
     from trl import GRPOConfig, GRPOTrainer
 
     from rljax.bench.real_prompts import real_model_rows
+    from rljax.memory import GiB, resident_peak_bytes
     from rljax.rewards.synthetic import compute_score
 
     torch.manual_seed(args["seed"])
@@ -139,7 +118,7 @@ def train(args: dict[str, Any]) -> list[dict[str, Any]]:
         scored = m.get("scored", 0.0)
         out.append({"iter": i, "gen": m.get("gen", 0.0), "reward": m.get("reward", 0.0),
                     "log_probs": scored - m.get("gen", 0.0) - m.get("reward", 0.0),
-                    "update": step - scored, "step": step, "peak_GiB": peak_gib()})
+                    "update": step - scored, "step": step, "peak_GiB": resident_peak_bytes() / GiB})
     return out
 
 
