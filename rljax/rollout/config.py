@@ -2,7 +2,9 @@
 
 Every shape the engine compiles comes from these buckets, so a run compiles a small,
 fixed set of programs: decode steps are `[batch_bucket, 1]`, prefill steps
-`[prefill_rows, chunk_bucket]`, and page tables are padded to a `page_table_bucket`.
+`[prefill_rows, chunk_bucket]`, mixed steps both (`[batch_bucket, 1]` decode rows and
+`[prefill_rows, chunk_bucket]` chunks), and page tables are padded to a
+`page_table_bucket`.
 """
 
 from __future__ import annotations
@@ -65,19 +67,25 @@ class SamplerConfig:
         the n samples of a request still share the prompt's pages, whose routing they
         copy); each position keeps the routing of its last computation (a preempted
         sequence's recompute overwrites it, as it overwrites its keys / values).
+    mixed_steps: while prompts (or an agent's next turn) are prefilled, every running
+        decode rides along in the same call, one token each (a mixed step: decodes take
+        the token budget first, prefill chunks fill the rest), instead of waiting for
+        the prefill to finish. One program per (decode rows, chunk rows, chunk, width)
+        bucket, compiled as the mix occurs.
     num_scheduler_steps: more amortise dispatch and host transfers, fewer let finished
         sequences hand their slot to a waiting one sooner (a sequence that stops mid-call
         wastes the rest).
     """
 
     max_num_seqs: PositiveInt = 64  # sequences decoding together (the largest decode batch)
-    max_num_batched_tokens: PositiveInt = 512  # token budget of one prefill step (padded rows x chunk length)
+    max_num_batched_tokens: PositiveInt = 512  # token budget of a prefill or mixed step (padded rows x chunk, + decode rows)
     max_model_len: PositiveInt = 2048  # the longest sequence (prompt + generated), in tokens; sets the page-table width
     kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)  # the paged KV pool
     attention: Attention = "auto"  # decode attention: auto | reference | pallas | pallas_tpu (see above)
     share_prefix: bool = True  # the n samples of a request share the prompt's full KV pages
     enable_prefix_caching: bool = True  # reuse cached pages across requests (see above)
     num_scheduler_steps: PositiveInt = 4  # decode steps per engine call (an on-device loop; see above)
+    mixed_steps: bool = False  # running decodes join prefill calls instead of waiting (see above)
     batch_buckets: tuple[int, ...] | None = None  # padded decode / prefill row counts; null: powers of two
     prefill_chunk_buckets: tuple[int, ...] | None = None  # padded prefill chunk lengths; null: powers of two
     page_table_buckets: tuple[int, ...] | None = None  # padded page-table widths, in pages; null: powers of two

@@ -2,7 +2,7 @@
 programs, running the scheduler's `StepPlan`s.
 
 `run(plan)` packs the plan into typed, bucket-padded inputs (`rljax.rollout.step_inputs`),
-calls the compiled prefill or decode program with the pools donated, and returns each
+calls the compiled prefill, decode or mixed program with the pools donated, and returns each
 row's sampled tokens and log_probs. Nothing here is global: the parameters and the pools
 (and so the devices or sub-mesh they live on) are constructor inputs, so one device
 step per data-parallel replica is one more instance; `for_model` is the single-replica
@@ -24,16 +24,16 @@ from rljax.models.transformer import Decoder
 from rljax.rollout.attention import decode_attention, paged_attention_reference
 from rljax.rollout.buckets import Buckets
 from rljax.rollout.config import SamplerConfig
-from rljax.rollout.forward import make_decode_fn, make_prefill_fn
+from rljax.rollout.forward import make_decode_fn, make_mixed_fn, make_prefill_fn
 from rljax.rollout.kv_cache import KVPool, cache_sharding, plan_cache
 from rljax.rollout.scheduler import StepKind, StepPlan
-from rljax.rollout.step_inputs import PACKERS
+from rljax.rollout.step_inputs import pack_step, result_rows
 
 
 def make_programs(graphdef: nnx.GraphDef, config: SamplerConfig, head_dim: int,
                   on_trace: Callable[[str], Callable[[], None]] = lambda kind: lambda: None,
                   pool_sharding: jax.sharding.Sharding | None = None) -> dict[StepKind, Callable]:
-    """The jitted prefill and decode programs, `program(state, k_pool, v_pool, inputs) ->
+    """The jitted prefill, decode and mixed programs, `program(state, k_pool, v_pool, inputs) ->
     (k_pool, v_pool, tokens, log_probs, experts)` with the pools donated (experts: the
     routing with `config.record_routing` on a MoE model, else None). `on_trace(kind)` gives the
     callback run when a program of that kind is traced. Shared by `DeviceStep` and
@@ -46,9 +46,11 @@ def make_programs(graphdef: nnx.GraphDef, config: SamplerConfig, head_dim: int,
     record = config.record_routing
     decode = make_decode_fn(graphdef, page_size, attention, config.num_scheduler_steps, on_trace("decode"), record)
     prefill = make_prefill_fn(graphdef, page_size, paged_attention_reference, on_trace("prefill"), record)
+    mixed = make_mixed_fn(graphdef, page_size, attention, paged_attention_reference, on_trace("mixed"), record)
     return {
         StepKind.PREFILL: jax.jit(prefill, donate_argnums=(1, 2)),
         StepKind.DECODE: jax.jit(decode, donate_argnums=(1, 2)),
+        StepKind.MIXED: jax.jit(mixed, donate_argnums=(1, 2)),
     }
 
 
@@ -70,9 +72,10 @@ def _expert_mesh(model: Decoder, state: nnx.State):
 class StepResult:
     """What one call sampled, per plan row (padding rows dropped)."""
 
-    tokens: np.ndarray  # [rows, steps] int32; prefill: steps = 1, decode: num_scheduler_steps
+    tokens: np.ndarray  # [rows, steps] int32; prefill, mixed: steps = 1, decode: num_scheduler_steps
     log_probs: np.ndarray  # [rows, steps] float32
-    experts: np.ndarray | None = None  # routing record: prefill [rows, T, L, k], decode [rows, steps, L, k] int32
+    # routing record: prefill, mixed [rows, T, L, k] (a mixed call's decode row: column 0), decode [rows, steps, L, k]
+    experts: np.ndarray | None = None
 
 
 class DeviceStep:
@@ -111,7 +114,7 @@ class DeviceStep:
 
     def run(self, plan: StepPlan) -> StepResult:
         """Run one call; the pools are replaced by the updated ones."""
-        inputs = PACKERS[plan.kind](plan.rows, self.buckets)
+        inputs = pack_step(plan, self.buckets)
         self._label = inputs.label
         context = contextlib.nullcontext() if self.mesh is None else jax.sharding.use_abstract_mesh(
             self.mesh.abstract_mesh)
@@ -119,11 +122,11 @@ class DeviceStep:
             self.pool.k, self.pool.v, tokens, log_probs, experts = self.programs[plan.kind](
                 self.state, self.pool.k, self.pool.v, inputs
             )
-        # tokens / log_probs [B] (prefill) or [B, steps] (decode); experts [B, T or steps, L, k] or None
+        # tokens / log_probs [B] (prefill, mixed) or [B, steps] (decode); experts [B, T or steps, L, k] or None
         tokens, log_probs, experts = jax.device_get((tokens, log_probs, experts))
-        rows, padded = len(plan.rows), tokens.shape[0]
-        return StepResult(tokens.reshape(padded, -1)[:rows], log_probs.reshape(padded, -1)[:rows],
-                          None if experts is None else experts[:rows])
+        rows, padded = result_rows(plan, inputs), tokens.shape[0]
+        return StepResult(tokens.reshape(padded, -1)[rows], log_probs.reshape(padded, -1)[rows],
+                          None if experts is None else experts[rows])
 
     def update_params(self, state: nnx.State, copy: bool = False) -> None:
         """Use new parameters (an nnx.State of the same Decoder) from the next call on.

@@ -19,6 +19,7 @@ an uninterrupted run would have drawn.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -41,6 +42,7 @@ class EngineStats(SchedulerStats):
     add: cached and total pages, compiled programs and their shapes."""
 
     num_cached_pages: int = 0  # pages the prefix cache holds now
+    decode_wait_s: float = 0.0  # wall time of the calls that left decode-ready sequences waiting
     num_compiled_programs: int = 0  # jit cache entries of the step functions
     num_pages: int = 0
     page_size: int = 0
@@ -59,6 +61,7 @@ class Engine:
         self.scheduler = Scheduler(config, self.device.pool.shape.num_pages, frozenset(model.config.eos_token_ids),
                                    model.config.vocab_size)
         self._on_done: dict[Request, DoneCallback] = {}
+        self._decode_wait_s = 0.0
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -99,7 +102,10 @@ class Engine:
         if plan is None:
             finished = self.scheduler.pop_finished()
         else:
+            start = time.perf_counter()
             result = self.device.run(plan)
+            if plan.num_waiting_decodes:
+                self._decode_wait_s += time.perf_counter() - start
             finished = self.scheduler.apply(plan, result.tokens, result.log_probs, result.experts)
         for request in finished:
             self._on_done.pop(request)(list(request.completions))  # type: ignore[arg-type]
@@ -183,6 +189,7 @@ class Engine:
         stats = EngineStats(
             **asdict(s.stats),
             num_cached_pages=s.num_cached_pages,
+            decode_wait_s=self._decode_wait_s,
             num_compiled_programs=self.num_compiled_programs,
             num_pages=self.cache_shape.num_pages,
             page_size=self.cache_shape.page_size,

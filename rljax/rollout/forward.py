@@ -35,7 +35,58 @@ from flax import nnx
 
 from rljax.models.transformer import Decoder, attention_inputs, attention_output_and_mlp, rope_cos_sin
 from rljax.rollout.sampling import sample_tokens
-from rljax.rollout.step_inputs import DecodeInputs, PrefillInputs, SamplingInputs
+from rljax.rollout.step_inputs import DecodeInputs, MixedInputs, PrefillInputs, SamplingInputs
+
+
+def run_layers(model: Decoder, k_cache: jax.Array, v_cache: jax.Array, tokens: jax.Array, positions: jax.Array,
+               valid: jax.Array, write_page: jax.Array, attend: Callable, *, page_size: int, record: bool = False):
+    """Embed `tokens` `[B, T]`, write each layer's keys / values into page `write_page`
+    `[B, T]` (padding: the null page 0) at slot `positions % page_size`, and run the
+    decoder's layers with `attend(q, kc, vc, layer) -> [B, T, N, D]` as attention.
+    Returns (hidden states `[B, T, E]` before the final norm, k_cache, v_cache, experts
+    `[B, T, L, k]` with `record` on a MoE model, else None)."""
+    config = model.config
+    write_slot = jnp.where(valid, positions % page_size, 0)  # [B, T]
+    cos, sin = rope_cos_sin(positions, config)  # [B, T, D] each
+    heads = jnp.arange(config.num_key_value_heads, dtype=jnp.int32)[:, None, None]  # [K, 1, 1] scatter index
+
+    def block(carry, xs):
+        x, kc, vc = carry  # x [B, T, E]
+        p, layer = xs
+        q, k, v = attention_inputs(p, x, cos, sin, config)  # q [B, T, N, D], k / v [B, T, K, D]
+        # the pools are kv-heads-major [K, L, P, S, D]; the kv head is an index of the scatter (not a
+        # window dimension), so each update is one contiguous D row and XLA keeps the pool's own layout
+        # (with K in the window it relaid the pool out K-minor and copied it back for the TPU kernel)
+        k_t, v_t = k.transpose(2, 0, 1, 3), v.transpose(2, 0, 1, 3)  # [K, B, T, D] (this step's tokens only)
+        kc = kc.at[heads, layer, write_page, write_slot].set(k_t.astype(kc.dtype), mode="promise_in_bounds")
+        vc = vc.at[heads, layer, write_page, write_slot].set(v_t.astype(vc.dtype), mode="promise_in_bounds")
+        attn = attend(q, kc, vc, layer)  # [B, T, N, D]
+        x, routing = attention_output_and_mlp(p, x, attn.astype(x.dtype), config, valid=valid)  # [B, T, E]
+        return (x, kc, vc), (routing.experts if record and routing is not None else None)  # [B, T, k]
+
+    layers = jnp.arange(config.num_hidden_layers, dtype=jnp.int32)  # [L]
+    x0 = model.embed_tokens(tokens)  # [B, T, E]
+    # experts: [L, B, T, k] or None
+    (x, k_cache, v_cache), experts = jax.lax.scan(block, (x0, k_cache, v_cache), (model.layer_arrays(), layers))
+    if experts is not None:
+        experts = jnp.moveaxis(experts, 0, 2)  # [B, T, L, k]
+    return x, k_cache, v_cache, experts
+
+
+def write_pages(page_table: jax.Array, positions: jax.Array, valid: jax.Array, page_size: int) -> jax.Array:
+    """The page each token's key / value goes to, `[B, T]`: its row's page-table entry for
+    its position; padding goes to the null page 0."""
+    column = jnp.minimum(positions // page_size, page_table.shape[1] - 1)  # [B, T] page-table column
+    return jnp.where(valid, jnp.take_along_axis(page_table, column, axis=1), 0)
+
+
+def sample_rows(model: Decoder, last: jax.Array, sample_positions: jax.Array, sampling: SamplingInputs):
+    """One token per row from the final hidden states `last` `[B, E]` of the rows' last
+    computed tokens; `sample_positions` `[B]`: where each sampled token goes (part of its
+    random key). Returns (tokens [B] int32, log_probs [B] float32)."""
+    logits = model.logits(model.final_hidden(last)[:, None, :])[:, 0, :]  # [B, V] float32
+    return sample_tokens(logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p,
+                         sampling.seeds, sampling.streams, sampling.sample_index, sample_positions)
 
 
 def forward_and_sample(
@@ -58,50 +109,17 @@ def forward_and_sample(
     and sample one token per row from the logits at column `last_index` `[B]`. The pools
     are `[K, L, P, S, D]`. Returns (k_cache, v_cache, tokens [B], log_probs [B], experts
     [B, T, L, k] int32 with `record` on a MoE model, else None)."""
-    config = model.config
     b = tokens.shape[0]
-    # Where each token's key / value goes; padding goes to the null page 0.
-    column = jnp.minimum(positions // page_size, page_table.shape[1] - 1)  # [B, T] page-table column
-    write_page = jnp.take_along_axis(page_table, column, axis=1)  # [B, T]
-    write_page = jnp.where(valid, write_page, 0)  # [B, T]
-    write_slot = jnp.where(valid, positions % page_size, 0)  # [B, T]
-    cos, sin = rope_cos_sin(positions, config)  # [B, T, D] each
-    heads = jnp.arange(config.num_key_value_heads, dtype=jnp.int32)[:, None, None]  # [K, 1, 1] scatter index
 
-    def block(carry, xs):
-        x, kc, vc = carry  # x [B, T, E]
-        p, layer = xs
-        q, k, v = attention_inputs(p, x, cos, sin, config)  # q [B, T, N, D], k / v [B, T, K, D]
-        # the pools are kv-heads-major [K, L, P, S, D]; the kv head is an index of the scatter (not a
-        # window dimension), so each update is one contiguous D row and XLA keeps the pool's own layout
-        # (with K in the window it relaid the pool out K-minor and copied it back for the TPU kernel)
-        k_t, v_t = k.transpose(2, 0, 1, 3), v.transpose(2, 0, 1, 3)  # [K, B, T, D] (this step's tokens only)
-        kc = kc.at[heads, layer, write_page, write_slot].set(k_t.astype(kc.dtype), mode="promise_in_bounds")
-        vc = vc.at[heads, layer, write_page, write_slot].set(v_t.astype(vc.dtype), mode="promise_in_bounds")
-        attn = attention(q, kc, vc, layer, page_table, positions, kv_lens)  # [B, T, N, D]
-        x, routing = attention_output_and_mlp(p, x, attn.astype(x.dtype), config, valid=valid)  # [B, T, E]
-        return (x, kc, vc), (routing.experts if record and routing is not None else None)  # [B, T, k]
+    def attend(q, kc, vc, layer):
+        return attention(q, kc, vc, layer, page_table, positions, kv_lens)
 
-    layers = jnp.arange(config.num_hidden_layers, dtype=jnp.int32)  # [L]
-    x0 = model.embed_tokens(tokens)  # [B, T, E]
-    # experts: [L, B, T, k] or None
-    (x, k_cache, v_cache), experts = jax.lax.scan(block, (x0, k_cache, v_cache), (model.layer_arrays(), layers))
-    if experts is not None:
-        experts = jnp.moveaxis(experts, 0, 2)  # [B, T, L, k]
+    x, k_cache, v_cache, experts = run_layers(
+        model, k_cache, v_cache, tokens, positions, valid, write_pages(page_table, positions, valid, page_size),
+        attend, page_size=page_size, record=record)
     last = x[jnp.arange(b), last_index]  # [B, E]
     sample_positions = positions[jnp.arange(b), last_index] + 1  # [B] where the sampled token goes
-    logits = model.logits(model.final_hidden(last)[:, None, :])[:, 0, :]  # [B, V] float32
-    next_tokens, log_probs = sample_tokens(  # [B] int32, [B] float32
-        logits,
-        sampling.temperature,
-        sampling.top_k,
-        sampling.top_p,
-        sampling.min_p,
-        sampling.seeds,
-        sampling.streams,
-        sampling.sample_index,
-        sample_positions,
-    )
+    next_tokens, log_probs = sample_rows(model, last, sample_positions, sampling)  # [B] each
     return k_cache, v_cache, next_tokens, log_probs, experts
 
 
@@ -155,3 +173,59 @@ def make_decode_fn(
         return k_cache, v_cache, tokens.T, log_probs.T, experts
 
     return decode
+
+
+def mixed_forward_and_sample(model: Decoder, k_cache: jax.Array, v_cache: jax.Array, inputs: MixedInputs, *,
+                             page_size: int, decode_attention: Callable, prefill_attention: Callable,
+                             record: bool = False):
+    """One step over decode rows and prefill chunks together: the `[Bd]` decode tokens
+    and the `[Bp, C]` chunk tokens run as one flattened `[1, Bd + Bp*C]` sequence through
+    every matmul; attention splits them back, decode rows through `decode_attention`
+    (`[Bd, 1]` queries) and chunks through `prefill_attention` (`[Bp, C]`), each over its
+    rows' page tables. Every row samples one token (decode rows from their token, chunks
+    from column `last_index`). Returns (k_cache, v_cache, tokens [Bd + Bp], log_probs
+    [Bd + Bp], experts [Bd + Bp, C, L, k] with `record` on a MoE model (a decode row's
+    in column 0), else None)."""
+    d, p = inputs.decode, inputs.prefill
+    bd, (bp, c) = d.tokens.shape[0], p.tokens.shape
+    d_valid = (d.n_steps > 0)[:, None]  # [Bd, 1]
+    d_positions = d.positions[:, None]  # [Bd, 1]
+    d_pages = write_pages(d.page_table, d_positions, d_valid, page_size)  # [Bd, 1]
+    p_pages = write_pages(p.page_table, p.positions, p.valid, page_size)  # [Bp, C]
+
+    def flat(a_decode, a_prefill):  # [Bd, 1, ...] and [Bp, C, ...] -> [1, Bd + Bp*C, ...]
+        return jnp.concatenate([a_decode.reshape(bd, *a_decode.shape[2:]),
+                                a_prefill.reshape(bp * c, *a_prefill.shape[2:])])[None]
+
+    def attend(q, kc, vc, layer):  # q [1, Bd + Bp*C, N, D]
+        q_d, q_p = q[0, :bd, None], q[0, bd:].reshape(bp, c, *q.shape[2:])
+        a_d = decode_attention(q_d, kc, vc, layer, d.page_table, d_positions, d.positions + 1)  # [Bd, 1, N, D]
+        a_p = prefill_attention(q_p, kc, vc, layer, p.page_table, p.positions, p.kv_lens)  # [Bp, C, N, D]
+        return flat(a_d, a_p)
+
+    x, k_cache, v_cache, experts = run_layers(
+        model, k_cache, v_cache, flat(d.tokens[:, None], p.tokens), flat(d_positions, p.positions),
+        flat(d_valid, p.valid), flat(d_pages, p_pages), attend, page_size=page_size, record=record)
+    last = jnp.concatenate([x[0, :bd], x[0, bd + jnp.arange(bp) * c + p.last_index]])  # [Bd + Bp, E]
+    sample_positions = jnp.concatenate([d.positions, p.positions[jnp.arange(bp), p.last_index]]) + 1  # [Bd + Bp]
+    sampling = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), d.sampling, p.sampling)
+    next_tokens, log_probs = sample_rows(model, last, sample_positions, sampling)
+    if experts is not None:  # [1, Bd + Bp*C, L, k] -> [Bd + Bp, C, L, k]
+        e_d = jnp.pad(experts[0, :bd, None], ((0, 0), (0, c - 1), (0, 0), (0, 0)), constant_values=-1)
+        experts = jnp.concatenate([e_d, experts[0, bd:].reshape(bp, c, *experts.shape[2:])])
+    return k_cache, v_cache, next_tokens, log_probs, experts
+
+
+def make_mixed_fn(graphdef: nnx.GraphDef, page_size: int, decode_attention: Callable, prefill_attention: Callable,
+                  on_trace: Callable[[], None], record: bool = False):
+    """`mixed(state, k_cache, v_cache, inputs: MixedInputs) -> (k_cache, v_cache, tokens
+    [Bd + Bp], log_probs [Bd + Bp], experts or None)` (`mixed_forward_and_sample`)."""
+
+    def mixed(state: nnx.State, k_cache: jax.Array, v_cache: jax.Array, inputs: MixedInputs):
+        on_trace()
+        model = nnx.merge(graphdef, state)
+        return mixed_forward_and_sample(model, k_cache, v_cache, inputs, page_size=page_size,
+                                        decode_attention=decode_attention, prefill_attention=prefill_attention,
+                                        record=record)
+
+    return mixed

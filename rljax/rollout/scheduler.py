@@ -12,10 +12,14 @@ prefix cache. Its contract, one call at a time:
 Scheduling (continuous batching):
 - Sequences wait in a FIFO queue and are admitted while the running set has fewer than
   `max_num_seqs` slots taken and the free pages hold the sequence's known tokens.
-- A step is a prefill step when some running sequence has more than one token to
-  compute (a new prompt, or a preempted sequence being recomputed): chunks of those
-  sequences, sized so that `[rows bucket, chunk bucket]` fits `max_num_batched_tokens`.
-  Otherwise it is a decode call over every running sequence that runs up to
+- When some running sequence has more than one token to compute (a new prompt, an
+  agent's next turn, or a preempted sequence being recomputed), the call computes chunks
+  of those sequences, sized so that the padded `[rows bucket, chunk bucket]` fits the
+  token budget `max_num_batched_tokens`. With `mixed_steps` every decode-ready running
+  sequence rides along in the same call (a mixed step: one decode token each, taken from
+  the budget first, the chunks filling the rest), so no decode waits on a prefill;
+  without it the call is a prefill step and the decodes wait (`num_stalled_calls`).
+- Otherwise it is a decode call over every running sequence that runs up to
   `num_scheduler_steps` decode steps on device (each step's token feeds the next);
   `apply` then appends the tokens and stops a sequence at its first stop token or its
   max_tokens (tokens computed past that point are dropped).
@@ -76,6 +80,7 @@ from rljax.rollout.prefix_cache import PrefixCache
 class StepKind(enum.Enum):
     PREFILL = "prefill"  # rows compute a chunk of known tokens; a finished prompt samples one
     DECODE = "decode"  # rows feed their last token and sample up to num_scheduler_steps
+    MIXED = "mixed"  # decode rows (one step each), then prefill chunks, in one call
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,8 @@ class StepPlan:
 
     kind: StepKind
     rows: tuple[Row, ...]
+    num_decode_rows: int = 0  # the first rows decode (all of a decode call's, none of a prefill's)
+    num_waiting_decodes: int = 0  # decode-ready running sequences this call leaves without a token
 
 
 @dataclass
@@ -106,6 +113,8 @@ class SchedulerStats:
 
     num_prefill_steps: int = 0
     num_decode_calls: int = 0
+    num_mixed_steps: int = 0  # calls carrying decode rows and prefill chunks together
+    num_stalled_calls: int = 0  # calls that left decode-ready sequences waiting (a prefill-only step)
     num_decode_steps: int = 0
     num_prefill_tokens: int = 0
     num_generated_tokens: int = 0
@@ -423,9 +432,8 @@ class Scheduler:
         if self._in_flight is not None:
             raise RuntimeError("schedule() called before the previous plan was applied")
         self._admit()
-        kind, rows = StepKind.PREFILL, self._schedule_prefill()
-        if not rows:
-            kind, rows = StepKind.DECODE, self._schedule_decode()
+        decode, prefill = self._plan_call()
+        rows = decode + prefill
         if not rows:
             if self.waiting or self.running:
                 self._idle_steps += 1
@@ -436,14 +444,32 @@ class Scheduler:
                 self._idle_steps = 0
             return None
         self._idle_steps = 0
-        plan = StepPlan(kind, tuple(self._row(seq, n, kind) for seq, n in rows))
+        kind = StepKind.MIXED if decode and prefill else StepKind.DECODE if decode else StepKind.PREFILL
+        waiting = 0 if decode else sum(not s.needs_prefill for s in self.running)
+        self.stats.num_stalled_calls += waiting > 0
+        plan = StepPlan(kind, tuple([self._row(seq, n, True) for seq, n in decode] +
+                                    [self._row(seq, n, False) for seq, n in prefill]), len(decode), waiting)
         self._in_flight = (plan, rows)
         return plan
 
-    def _row(self, seq: _Sequence, n: int, kind: StepKind) -> Row:
+    def _plan_call(self) -> tuple[list[tuple[_Sequence, int]], list[tuple[_Sequence, int]]]:
+        """(decode rows, prefill rows) of the next call, each (sequence, tokens or steps)."""
+        budget = self.config.max_num_batched_tokens
+        if (self.config.mixed_steps and any(s.needs_prefill for s in self.running)
+                and not all(s.needs_prefill for s in self.running)):
+            decode = self._schedule_decode(max_steps=1)
+            # the decodes take the budget first (padded rows); the chunks fill the rest
+            left = max(budget - self.buckets.pad_rows(max(len(decode), 1)), self.buckets.chunk[0])
+            prefill = self._schedule_prefill(left)
+            return [(s, n) for s, n in decode if s in self.running], prefill
+        prefill = self._schedule_prefill(budget)
+        if prefill:
+            return [], prefill
+        return self._schedule_decode(self.config.num_scheduler_steps), []
+
+    def _row(self, seq: _Sequence, n: int, decode: bool) -> Row:
         start = seq.num_computed
         assert seq.table.writable(start // self.page_size), "a step would write a shared page"
-        decode = kind is StepKind.DECODE
         return Row(
             tokens=(seq.tokens[-1],) if decode else tuple(seq.tokens[start:start + n]),
             start=start,
@@ -515,10 +541,9 @@ class Scheduler:
                 if victim is seq:
                     return False
 
-    def _schedule_prefill(self) -> list[tuple[_Sequence, int]]:
+    def _schedule_prefill(self, budget: int) -> list[tuple[_Sequence, int]]:
         """Chunks of the sequences with tokens to compute, in admission order, while the
-        padded `[rows bucket, chunk]` fits the token budget; (sequence, tokens) each."""
-        budget = self.config.max_num_batched_tokens
+        padded `[rows bucket, chunk]` fits `budget` tokens; (sequence, tokens) each."""
         pad_rows = self.buckets.pad_rows
         fitting = [c for c in self.buckets.chunk if pad_rows(1) * c <= budget] or [self.buckets.chunk[0]]
         rows: list[tuple[_Sequence, int]] = []
@@ -536,14 +561,14 @@ class Scheduler:
                 rows.append((seq, n))
         return rows
 
-    def _schedule_decode(self) -> list[tuple[_Sequence, int]]:
+    def _schedule_decode(self, max_steps: int) -> list[tuple[_Sequence, int]]:
         """Every decode-ready running sequence, with the number of steps it runs in this
-        call (up to `num_scheduler_steps`, never past its max_tokens) and pages for them."""
+        call (up to `max_steps`, never past its max_tokens) and pages for them."""
         rows = []
         for seq in list(self.running):
             if seq not in self.running or seq.needs_prefill:
                 continue
-            n = min(self.config.num_scheduler_steps, seq.request.max_tokens - seq.num_generated)
+            n = min(max_steps, seq.request.max_tokens - seq.num_generated)
             if self._reserve(seq, len(seq.tokens) - 1 + n):
                 rows.append((seq, n))
         return [(s, n) for s, n in rows if s in self.running]
@@ -553,39 +578,39 @@ class Scheduler:
     def apply(self, plan: StepPlan, tokens: np.ndarray, log_probs: np.ndarray,
               experts: np.ndarray | None = None) -> list[Request]:
         """Take the sampled `tokens` / `log_probs` `[rows, steps]` of the plan last
-        returned by `schedule` (prefill: column 0; decode: a row's first `num_steps`
-        columns) and, when recording routing, the computed tokens' `experts` (prefill
-        `[rows, T, L, k]`: a row's first n columns; decode `[rows, steps, L, k]`: the
-        token fed at each step). Returns the requests whose last sample finished in
-        this call."""
+        returned by `schedule` (a prefill row: column 0; a decode row: its first
+        `num_steps` columns) and, when recording routing, the computed tokens' `experts`
+        (`[rows, T or steps, L, k]`; a prefill row: its first n columns; a decode row: the
+        token fed at each step). Returns the requests whose last sample finished in this
+        call."""
         if self._in_flight is None or self._in_flight[0] is not plan:
             raise RuntimeError("apply() of a plan that is not the one in flight")
         rows = self._in_flight[1]
         self._in_flight = None
         self.stats.peak_pages_used = max(self.stats.peak_pages_used, self.allocator.peak_used)
-        if plan.kind is StepKind.PREFILL:
-            self.stats.num_prefill_steps += 1
-            self.stats.num_prefill_tokens += sum(n for _, n in rows)
-            for i, (seq, n) in enumerate(rows):
-                if experts is not None:
-                    seq.routing.write(seq.num_computed, experts[i, :n])
-                seq.num_computed += n
-                if seq.num_computed < len(seq.tokens):
-                    continue  # mid-prompt chunk: nothing to sample yet
-                if seq.is_prefix:
-                    self._fork(seq)
-                else:
-                    self._append(seq, int(tokens[i, 0]), float(log_probs[i, 0]))
-        else:
-            self.stats.num_decode_calls += 1
-            self.stats.num_decode_steps += max(n for _, n in rows)
-            for i, (seq, n) in enumerate(rows):
-                for j in range(n):
-                    if experts is not None:  # the token fed at step j sits at num_computed
-                        seq.routing.write(seq.num_computed, experts[i, j:j + 1])
-                    seq.num_computed += 1
-                    if self._append(seq, int(tokens[i, j]), float(log_probs[i, j])):
-                        break
+        decode, prefill = rows[:plan.num_decode_rows], rows[plan.num_decode_rows:]
+        self.stats.num_prefill_steps += plan.kind is StepKind.PREFILL
+        self.stats.num_decode_calls += plan.kind is StepKind.DECODE
+        self.stats.num_mixed_steps += plan.kind is StepKind.MIXED
+        self.stats.num_decode_steps += max((n for _, n in decode), default=0)
+        self.stats.num_prefill_tokens += sum(n for _, n in prefill)
+        for i, (seq, n) in enumerate(decode):
+            for j in range(n):
+                if experts is not None:  # the token fed at step j sits at num_computed
+                    seq.routing.write(seq.num_computed, experts[i, j:j + 1])
+                seq.num_computed += 1
+                if self._append(seq, int(tokens[i, j]), float(log_probs[i, j])):
+                    break
+        for i, (seq, n) in enumerate(prefill, start=len(decode)):
+            if experts is not None:
+                seq.routing.write(seq.num_computed, experts[i, :n])
+            seq.num_computed += n
+            if seq.num_computed < len(seq.tokens):
+                continue  # mid-prompt chunk: nothing to sample yet
+            if seq.is_prefix:
+                self._fork(seq)
+            else:
+                self._append(seq, int(tokens[i, 0]), float(log_probs[i, 0]))
         return self.pop_finished()
 
     def _fork(self, prefix: _Sequence) -> None:

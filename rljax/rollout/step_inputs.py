@@ -4,7 +4,8 @@ Host numpy arrays padded to the compiled buckets (`rljax.rollout.buckets`): B ro
 (padded rows point at the null page 0, are greedy and their results are dropped), T
 tokens per prefill row, W page-table entries per row (unused ones: page 0). They are
 registered pytrees, so a whole structure passes through `jax.jit` as one argument and
-each kind of call has its own structure (a decode call takes no prefill-only arrays).
+each kind of call has its own structure (a decode call takes no prefill-only arrays; a
+mixed call takes a decode part and a prefill part).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import jax
 import numpy as np
 
 from rljax.rollout.buckets import Buckets
-from rljax.rollout.scheduler import Row, StepKind
+from rljax.rollout.scheduler import Row, StepKind, StepPlan
 
 
 @jax.tree_util.register_dataclass
@@ -68,11 +69,27 @@ class DecodeInputs:
         return f"[{self.tokens.shape[0]}x1, W={self.page_table.shape[1]}]"
 
 
-StepInputs = PrefillInputs | DecodeInputs
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class MixedInputs:
+    """A step over decode rows and prefill chunks together: each decode row feeds its
+    last token and runs one step (`decode.n_steps` 1, 0 on padding), each chunk row
+    computes its chunk; every row samples one token. Both page tables have one width."""
+
+    decode: DecodeInputs  # [Bd] rows
+    prefill: PrefillInputs  # [Bp, C] chunks
+
+    @property
+    def label(self) -> str:
+        (bd,), (bp, c) = self.decode.tokens.shape, self.prefill.tokens.shape
+        return f"[{bd}x1+{bp}x{c}, W={self.decode.page_table.shape[1]}]"
 
 
-def _page_table(rows: Sequence[Row], b: int, buckets: Buckets) -> np.ndarray:
-    w = buckets.pad_width(max(len(r.pages) for r in rows))
+StepInputs = PrefillInputs | DecodeInputs | MixedInputs
+
+
+def _page_table(rows: Sequence[Row], b: int, buckets: Buckets, width: int | None = None) -> np.ndarray:
+    w = width or buckets.pad_width(max(len(r.pages) for r in rows))
     page_table = np.zeros((b, w), np.int32)  # [B, W]
     for i, r in enumerate(rows):
         page_table[i, : len(r.pages)] = r.pages
@@ -101,7 +118,7 @@ def _sampling(rows: Sequence[Row], b: int) -> SamplingInputs:
     return s
 
 
-def pack_prefill(rows: Sequence[Row], buckets: Buckets) -> PrefillInputs:
+def pack_prefill(rows: Sequence[Row], buckets: Buckets, width: int | None = None) -> PrefillInputs:
     b = buckets.pad_rows(len(rows))
     t = buckets.pad_chunk(max(len(r.tokens) for r in rows))
     tokens = np.zeros((b, t), np.int32)
@@ -117,11 +134,11 @@ def pack_prefill(rows: Sequence[Row], buckets: Buckets) -> PrefillInputs:
         valid[i, :n] = True
         kv_lens[i] = r.start + n
         last_index[i] = n - 1
-    return PrefillInputs(tokens, positions, valid, _page_table(rows, b, buckets), kv_lens, last_index,
+    return PrefillInputs(tokens, positions, valid, _page_table(rows, b, buckets, width), kv_lens, last_index,
                          _sampling(rows, b))
 
 
-def pack_decode(rows: Sequence[Row], buckets: Buckets) -> DecodeInputs:
+def pack_decode(rows: Sequence[Row], buckets: Buckets, width: int | None = None) -> DecodeInputs:
     b = buckets.pad_rows(len(rows))
     tokens = np.zeros(b, np.int32)
     positions = np.zeros(b, np.int32)
@@ -130,10 +147,31 @@ def pack_decode(rows: Sequence[Row], buckets: Buckets) -> DecodeInputs:
         (tokens[i],) = r.tokens
         positions[i] = r.start
         n_steps[i] = r.num_steps
-    return DecodeInputs(tokens, positions, _page_table(rows, b, buckets), n_steps, _sampling(rows, b))
+    return DecodeInputs(tokens, positions, _page_table(rows, b, buckets, width), n_steps, _sampling(rows, b))
 
 
-PACKERS: dict[StepKind, Callable[[Sequence[Row], Buckets], StepInputs]] = {
-    StepKind.PREFILL: pack_prefill,
-    StepKind.DECODE: pack_decode,
+def pack_mixed(rows: Sequence[Row], num_decode: int, buckets: Buckets) -> MixedInputs:
+    """The first `num_decode` rows decode (one step each), the rest are chunks."""
+    width = buckets.pad_width(max(len(r.pages) for r in rows))
+    return MixedInputs(pack_decode(rows[:num_decode], buckets, width), pack_prefill(rows[num_decode:], buckets, width))
+
+
+PACKERS: dict[StepKind, Callable[[StepPlan, Buckets], StepInputs]] = {
+    StepKind.PREFILL: lambda plan, buckets: pack_prefill(plan.rows, buckets),
+    StepKind.DECODE: lambda plan, buckets: pack_decode(plan.rows, buckets),
+    StepKind.MIXED: lambda plan, buckets: pack_mixed(plan.rows, plan.num_decode_rows, buckets),
 }
+
+
+def pack_step(plan: StepPlan, buckets: Buckets) -> StepInputs:
+    """The typed, padded inputs of the call that runs `plan`."""
+    return PACKERS[plan.kind](plan, buckets)
+
+
+def result_rows(plan: StepPlan, inputs: StepInputs) -> np.ndarray:
+    """Which rows of a call's outputs are the plan's rows, in plan order (padding rows
+    dropped; a mixed call pads its decode and chunk rows separately)."""
+    if isinstance(inputs, MixedInputs):
+        bd, d = inputs.decode.tokens.shape[0], plan.num_decode_rows
+        return np.concatenate([np.arange(d), bd + np.arange(len(plan.rows) - d)])
+    return np.arange(len(plan.rows))

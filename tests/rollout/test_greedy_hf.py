@@ -22,16 +22,20 @@ def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mixed", [False, True], ids=["split", "mixed"])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"])
-def test_greedy_matches_transformers_with_preemption(hf_models, family):
+def test_greedy_matches_transformers_with_preemption(hf_models, family, mixed):
+    """With `mixed_steps` the later prompts and the preempted sequences' recomputes are
+    prefilled beside running decodes (mixed steps), which never wait."""
     hf, path = hf_models[family]
     prompts = random_prompts(LENGTHS, seed=1)
     # 15 usable pages of 4 tokens; 4 running sequences of up to 41 tokens need 44.
-    with Sampler(load_hf(path), sampler_config(num_pages=16)) as sampler:
+    with Sampler(load_hf(path), sampler_config(num_pages=16, mixed_steps=mixed)) as sampler:
         out = sampler.generate(prompts, SamplingParams(temperature=0.0, max_tokens=NEW))
         stats = sampler.stats()
     assert stats["num_preemptions"] > 0, stats
-    assert stats["num_compiled_programs"] == 2, stats["compiled_shapes"]
+    assert stats["num_compiled_programs"] == 2 + mixed, stats["compiled_shapes"]
+    assert (stats["num_mixed_steps"] > 0) == mixed and (stats["num_stalled_calls"] == 0) == mixed, stats
     assert stats["pages_used"] == 0  # every page came back
     assert [c.request_index for c in out] == list(range(len(prompts)))
     for prompt, completion in zip(prompts, out):

@@ -28,3 +28,32 @@ def test_log_probs_equal_training_forward(llama, roomy_sampler, name):
         worst = max(worst, float(np.abs(ref - np.asarray(c.log_probs)).max()))
     print(f"{name}: max |rollout - training| log_prob = {worst:.2e}")
     assert worst <= 1e-5, worst
+
+
+@pytest.mark.slow
+def test_mixed_steps_sample_what_split_steps_sample(llama, roomy_sampler):
+    """Seeded requests of different lengths, 7 for 4 slots: each later one is admitted
+    while others decode, and with mixed steps it is prefilled beside them. Every request
+    draws the same tokens as with split steps (its keys depend on its seed, stream and
+    positions, not on the batch around it), with log-probs equal to the training
+    forward's."""
+    from rljax.rollout import GenerationRequest, Sampler
+
+    from .conftest import sampler_config
+
+    prompts = random_prompts([5, 11, 16, 2, 9, 14, 3], seed=8)
+    requests = [GenerationRequest(p, SamplingParams(temperature=1.0, max_tokens=4 + 3 * (i % 3), seed=4, stream=i))
+                for i, p in enumerate(prompts)]
+
+    def sample(sampler):
+        return [f.result()[0] for f in sampler.submit_many(requests)]
+
+    split = sample(roomy_sampler)
+    with Sampler(llama, sampler_config(num_pages=64, mixed_steps=True)) as sampler:
+        mixed = sample(sampler)
+        stats = sampler.stats()
+    assert stats["num_mixed_steps"] > 0 and stats["num_stalled_calls"] == 0, stats
+    assert [c.token_ids for c in mixed] == [c.token_ids for c in split]
+    worst = max(float(np.abs(ref - np.asarray(c.log_probs)).max())
+                for c, ref in zip(mixed, training_log_probs(llama, mixed)))
+    assert worst <= 1e-5, worst

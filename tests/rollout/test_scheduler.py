@@ -179,3 +179,48 @@ def test_requests_the_pool_cannot_hold_are_refused():
         s.add_request("r", [1] * 32, params())
     with pytest.raises(ValueError, match="token ids"):
         s.add_request("r", [100], params())
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_new_prompt_never_stalls_running_decodes_with_mixed_steps(mixed):
+    """Budget 16: two decode rows (bucket 2) leave 14 tokens, so the new prompt's 19
+    tokens go in chunks of 8 (the chunk bucket) beside the decodes."""
+    s = scheduler(max_num_seqs=3, batch_buckets=(1, 2, 4), prefill_chunk_buckets=(4, 8), mixed_steps=mixed)
+    a = s.add_request("a", [1, 2, 3], params(max_tokens=8))
+    b = s.add_request("b", [4, 5, 6], params(max_tokens=8))
+    run(s, s.schedule())  # both prompts; one token each
+    late = s.add_request("late", list(range(19)), params(max_tokens=2))
+    plans = drain(s)
+    chunks = [(r.start, len(r.tokens)) for p in plans for r in p.rows[p.num_decode_rows:]]
+    assert chunks == [(0, 8), (8, 8), (16, 3)]  # the late prompt in the same chunks either way
+    first = plans[0]
+    if mixed:
+        assert [p.kind for p in plans[:3]] == [StepKind.MIXED] * 3
+        assert first.num_decode_rows == 2 and first.num_waiting_decodes == 0
+        assert [(r.tokens, r.start, r.num_steps) for r in first.rows[:2]] == [((TOKEN,), 3, 1)] * 2  # the token sampled at position 3
+        assert s.stats.num_mixed_steps == 3 and s.stats.num_stalled_calls == 0
+        assert s.stats.num_prefill_steps == 1  # a's and b's prompts, before anything decoded
+    else:
+        assert [p.kind for p in plans[:3]] == [StepKind.PREFILL] * 3
+        assert first.num_decode_rows == 0 and first.num_waiting_decodes == 2
+        assert s.stats.num_stalled_calls == 3 and s.stats.num_mixed_steps == 0
+    for request in (a, b, late):
+        assert request.remaining == 0
+    assert [len(r.completions[0].token_ids) for r in (a, b, late)] == [8, 8, 2]
+    assert s.allocator.num_used == 0
+
+
+def test_mixed_step_preemption_drops_the_decode_row_it_evicted():
+    """5 usable pages: a (8 prompt tokens, 2 pages) decodes while b's 12-token prompt
+    needs 3 more; the chunk's reservation preempts b itself first (the latest admitted),
+    and a keeps decoding alone."""
+    s = scheduler(num_pages=6, max_num_batched_tokens=32, mixed_steps=True)
+    a = s.add_request("a", list(range(8)), params(max_tokens=10))
+    run(s, s.schedule())
+    s.add_request("b", list(range(20, 40)), params(max_tokens=2))
+    plans = drain(s)
+    assert s.stats.num_preemptions > 0
+    for p in plans:  # no plan holds a row whose sequence lost its pages
+        assert len(p.rows) >= 1 and all(len(r.pages) * 4 >= r.start + len(r.tokens) for r in p.rows)
+    assert len(a.completions[0].token_ids) == 10
+    assert s.allocator.num_used == 0
