@@ -10,21 +10,18 @@ every engine's decode step pays, so `hf step time / floor` bounds any ratio), an
 fraction of the HBM-bandwidth roofline (weights + KV read per decode step / step time /
 bandwidth).
 
-Then an RL-shaped workload, where a serving engine earns its keep: `--rl-prompts`
-prompts x `--rl-n` samples at temperature 1 (no top-k / top-p), each ending at a stop
-token or `--rl-max-tokens`, so response lengths vary as they do in RL. The stop set is
-`vocab / --rl-mean-len` token ids (a random model's next-token distribution is close to
-uniform, so lengths are roughly geometric with that mean, capped). Both systems keep
-`--rl-concurrency` sequences in flight: `transformers` as `generate` calls of
-`concurrency / n` prompts with `num_return_sequences=n` (each call runs until its longest
-row stops), rljax as one `generate` with `max_num_seqs = concurrency` (a finished
-sequence's slot goes to the next waiting one at once). Throughput counts generated tokens
-up to and including the stop token, for each system its own.
+Then the workloads where a serving engine earns its keep
+(`rljax.bench.engine_workloads`): RL-shaped (`--rl-prompts` prompts of mixed lengths x
+`--rl-n` samples, responses ending at a stop token or `--rl-max-tokens`, `--rl-concurrency`
+sequences in flight) and agent-shaped (`--agent-episodes` episodes of `--agent-turns`
+turns with tool outputs between them), each on the rljax engine with split steps and with
+mixed steps, and on `transformers` `generate`: sampled tokens/s and the time decodes spent
+waiting on prefills.
 
 With `--model` the prompts are still random token ids (throughput does not depend on
 them: every sequence generates exactly `--new-tokens`), and the RL workload's stop set
 is no longer drawn to a mean length (a trained model's next token is far from uniform);
-`--rl-prompts 0` leaves it out.
+`--rl-prompts 0` / `--agent-episodes 0` leave them out.
 
 Last, the KV pages a group of n=8 samples holds with and without prefix sharing.
 Timings exclude compilation (a warm-up run comes first) and block on results.
@@ -67,6 +64,8 @@ def add_arguments(p) -> None:
     p.add_argument("--rl-max-tokens", type=int, default=128, help="response cap of the RL-shaped workload")
     p.add_argument("--rl-mean-len", type=int, default=48, help="sets the stop set's size (vocab / this)")
     p.add_argument("--rl-concurrency", type=int, default=32, help="sequences in flight, both systems")
+    p.add_argument("--agent-episodes", type=int, default=32, help="episodes of the agent-shaped workload (0: skip it)")
+    p.add_argument("--agent-turns", type=int, default=3, help="turns per episode of the agent-shaped workload")
     p.add_argument("--share-n", type=int, default=8, help="n for the prefix-sharing memory rows")
     p.add_argument("--share-prompts", type=int, default=4, help="prompts for the prefix-sharing rows")
     p.add_argument("--share-prompt-len", type=int, default=256, help="prompt length for the prefix-sharing rows")
@@ -129,73 +128,26 @@ def _time(fn) -> float:
     return time.perf_counter() - t0
 
 
-RL_COLUMNS = ["prompts", "n", "concurrency", "max_tokens", "rljax_tokens", "rljax_tok_s", "hf_tokens", "hf_tok_s",
-              "ratio", "rljax_mean_len", "hf_mean_len"]
+def _engine_workloads(args, model, hf, torch_device, rng, vocab: int) -> list[dict]:
+    """The RL-shaped and agent-shaped rows (`rljax.bench.engine_workloads`)."""
+    from rljax.bench.engine_workloads import compare, make_workload, max_context
+    from rljax.rollout import KVCacheConfig
 
-
-def _rl_workload(args, model, hf, torch_device: str, rng, vocab: int) -> dict:
-    """The RL-shaped workload of the module docstring; returns its table row."""
-    import numpy as np
-
-    from rljax.rollout import KVCacheConfig, Sampler, SamplerConfig, SamplingParams
-
-    n, cap, conc = args.rl_n, args.rl_max_tokens, args.rl_concurrency
-    if conc % n:
-        raise SystemExit(f"--rl-concurrency ({conc}) must be a multiple of --rl-n ({n})")
-    stop_ids = sorted(int(t) for t in rng.permutation(np.arange(1, vocab))[: max(1, vocab // args.rl_mean_len)])
-    prompts = rng.integers(0, vocab, size=(args.rl_prompts, args.prompt_len)).tolist()
-    params = SamplingParams(n=n, temperature=1.0, max_tokens=cap, stop_token_ids=stop_ids, ignore_eos=True, seed=0)
-    sampler = Sampler(model, SamplerConfig(
-        max_num_seqs=conc,
-        max_num_batched_tokens=max(512, args.prompt_len * 4),
-        max_model_len=-(-(args.prompt_len + cap) // args.page_size) * args.page_size,
-        kv_cache=KVCacheConfig(page_size=args.page_size),
-        attention=args.attention,
-        enable_prefix_caching=False,  # repeated runs of the same prompts: no free prefills
-    ))
-
-    def ours() -> int:
-        return sum(len(c.token_ids) for c in sampler.generate(prompts, params))
-
-    def theirs() -> int:
-        import torch
-
-        stop = torch.tensor(stop_ids, device=torch_device)
-        total = 0
-        per_call = conc // n
-        for start in range(0, len(prompts), per_call):
-            ids = torch.tensor(prompts[start:start + per_call], dtype=torch.long, device=torch_device)
-            with torch.no_grad():
-                out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                                  top_k=0, top_p=1.0, num_return_sequences=n, max_new_tokens=cap,
-                                  eos_token_id=stop_ids, pad_token_id=0)
-            new = out[:, ids.shape[1]:]
-            is_stop = torch.isin(new, stop)
-            first = torch.where(is_stop.any(1), is_stop.int().argmax(1) + 1, torch.full_like(new[:, 0], new.shape[1]))
-            total += int(first.sum())  # int() waits for the device
-        return total
-
-    ours()  # warm-up (compiles the shapes of this workload)
-    t_ours = t_hf = float("inf")
-    tok_ours = tok_hf = 0
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        tok = ours()
-        if time.perf_counter() - t0 < t_ours:
-            t_ours, tok_ours = time.perf_counter() - t0, tok
-        if not args.no_hf:
-            t0 = time.perf_counter()
-            tok = theirs()
-            if time.perf_counter() - t0 < t_hf:
-                t_hf, tok_hf = time.perf_counter() - t0, tok
-    sampler.close()
-    samples = len(prompts) * n
-    row = {"prompts": len(prompts), "n": n, "concurrency": conc, "max_tokens": cap, "rljax_tokens": tok_ours,
-           "rljax_tok_s": tok_ours / t_ours, "rljax_mean_len": tok_ours / samples}
-    if not args.no_hf:
-        row.update(hf_tokens=tok_hf, hf_tok_s=tok_hf / t_hf, hf_mean_len=tok_hf / samples,
-                   ratio=(tok_ours / t_ours) / (tok_hf / t_hf))
-    return row
+    rows = []
+    for kind, count in (("rl", args.rl_prompts), ("agent", args.agent_episodes)):
+        if not count:
+            continue
+        n = args.rl_n if kind == "rl" else 1
+        if args.rl_concurrency % n:
+            raise SystemExit(f"--rl-concurrency ({args.rl_concurrency}) must be a multiple of --rl-n ({n})")
+        w = make_workload(kind, rng, vocab, count, args.prompt_len, n, args.agent_turns, args.rl_max_tokens,
+                          args.rl_mean_len, args.rl_concurrency if kind == "rl" else count)
+        config = dict(max_num_seqs=w.concurrency, max_num_batched_tokens=max(512, args.prompt_len * 4),
+                      max_model_len=-(-max_context(w) // args.page_size) * args.page_size,
+                      kv_cache=KVCacheConfig(page_size=args.page_size), attention=args.attention,
+                      enable_prefix_caching=kind == "agent")  # rl: repeated runs of the same prompts
+        rows.append(compare(model, w, config, None if args.no_hf else hf, torch_device, args.repeats))
+    return rows
 
 
 def _rljax_model(preset: str, dtype: str, max_len: int):
@@ -218,6 +170,7 @@ def main(args) -> int:
     import jax
     import numpy as np
 
+    from rljax.bench.engine_workloads import COLUMNS
     from rljax.bench.report import print_table, write_json
     from rljax.models import load_hf
     from rljax.rollout import KVCacheConfig, Sampler, SamplerConfig, SamplingParams
@@ -232,7 +185,7 @@ def main(args) -> int:
     backend = jax.default_backend()
     rng = np.random.default_rng(0)
 
-    model_len = max(max_len, p_len + args.rl_max_tokens)
+    model_len = max(max_len, p_len * 3 // 2 + args.agent_turns * (args.rl_max_tokens + 64))
     hf, torch_device = None, None
     if args.model:
         model = load_hf(args.model, dtype=args.dtype)
@@ -310,9 +263,7 @@ def main(args) -> int:
             row["ratio"] = row["rljax_tok_s"] / row["hf_tok_s"]
         rows.append(row)
 
-    rl_rows = []
-    if args.rl_prompts:
-        rl_rows.append(_rl_workload(args, model, hf, torch_device, rng, vocab))
+    rl_rows = _engine_workloads(args, model, hf, torch_device, rng, vocab)
 
     # KV memory of a group of n samples, with and without prefix sharing.
     share_len = args.share_prompt_len
@@ -348,11 +299,11 @@ def main(args) -> int:
     print_table(rows, [c for c in cols if any(c in r for r in rows)])
     print()
     if rl_rows:
-        print_table(rl_rows, [c for c in RL_COLUMNS if c in rl_rows[0]])
+        print_table(rl_rows, [c for c in COLUMNS if c in rl_rows[0]])
         print()
     print_table(memory, ["prefix_sharing", "n", "prompts", "prompt_len", "new_tokens", "peak_pages", "peak_kv_MiB"])
     print(f"compiled programs: {stats['num_compiled_programs']} {stats['compiled_shapes']}")
-    extra = {"rl_workload": rl_rows, "memory": memory, "compiled_programs": stats["num_compiled_programs"],
+    extra = {"workloads": rl_rows, "memory": memory, "compiled_programs": stats["num_compiled_programs"],
              "compiled_shapes": stats["compiled_shapes"], "preset": None if args.model else args.preset,
              "model": args.model or None, "dtype": args.dtype,
              "torch_threads": torch.get_num_threads() if torch else None, "torch_device": torch_device, "cpus": os.cpu_count(),

@@ -236,7 +236,7 @@ class RLConfig:
             kv_cache=KVCacheConfig(page_size=r.page_size, num_pages=r.num_pages or None,
                                    memory_fraction=r.kv_cache_memory_fraction),
             enable_prefix_caching=r.enable_prefix_caching, num_scheduler_steps=r.num_scheduler_steps,
-            attention=r.attention, seed=r.seed, record_routing=self.actor.router_replay)
+            mixed_steps=r.mixed_steps, attention=r.attention, seed=r.seed, record_routing=self.actor.router_replay)
 
     def verifier_sampler_config(self) -> SamplerConfig:
         """The engine settings of the generative verifier's sampler (`reward.verifier`):

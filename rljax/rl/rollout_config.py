@@ -57,6 +57,9 @@ class RolloutConfig:
     # decode steps per sampler call (an on-device loop; a row stops early at its max_tokens): more amortise
     # dispatch and host transfers, fewer hand a finished sequence's slot to a waiting one sooner
     num_scheduler_steps: Repeats = 4
+    # running decodes ride along with prefill chunks (new prompts, agent turns) in one call instead of
+    # waiting for them; each call then runs num_scheduler_steps decode steps for every row
+    mixed_steps: bool = False
     # the sampler's decode attention: auto (the TPU paged kernel on a TPU when head_dim % 128 == 0, else
     # reference) | reference (jnp gather + mask) | pallas (GPU kernel) | pallas_tpu (TPU paged kernel)
     attention: Attention = "auto"

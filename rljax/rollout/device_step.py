@@ -27,7 +27,7 @@ from rljax.rollout.config import SamplerConfig
 from rljax.rollout.forward import make_decode_fn, make_mixed_fn, make_prefill_fn
 from rljax.rollout.kv_cache import KVPool, cache_sharding, plan_cache
 from rljax.rollout.scheduler import StepKind, StepPlan
-from rljax.rollout.step_inputs import pack_step, result_rows
+from rljax.rollout.step_inputs import MixedInputs, pack_step, result_rows
 
 
 def make_programs(graphdef: nnx.GraphDef, config: SamplerConfig, head_dim: int,
@@ -46,7 +46,8 @@ def make_programs(graphdef: nnx.GraphDef, config: SamplerConfig, head_dim: int,
     record = config.record_routing
     decode = make_decode_fn(graphdef, page_size, attention, config.num_scheduler_steps, on_trace("decode"), record)
     prefill = make_prefill_fn(graphdef, page_size, paged_attention_reference, on_trace("prefill"), record)
-    mixed = make_mixed_fn(graphdef, page_size, attention, paged_attention_reference, on_trace("mixed"), record)
+    mixed = make_mixed_fn(graphdef, page_size, attention, paged_attention_reference, config.num_scheduler_steps,
+                          on_trace("mixed"), record)
     return {
         StepKind.PREFILL: jax.jit(prefill, donate_argnums=(1, 2)),
         StepKind.DECODE: jax.jit(decode, donate_argnums=(1, 2)),
@@ -72,10 +73,24 @@ def _expert_mesh(model: Decoder, state: nnx.State):
 class StepResult:
     """What one call sampled, per plan row (padding rows dropped)."""
 
-    tokens: np.ndarray  # [rows, steps] int32; prefill, mixed: steps = 1, decode: num_scheduler_steps
+    tokens: np.ndarray  # [rows, steps] int32; prefill: steps = 1, decode, mixed: num_scheduler_steps
     log_probs: np.ndarray  # [rows, steps] float32
-    # routing record: prefill, mixed [rows, T, L, k] (a mixed call's decode row: column 0), decode [rows, steps, L, k]
+    # routing record [rows, T, L, k]: a prefill row's chunk (then, in a mixed call, the token fed at each
+    # later step), a decode row's token fed at each step
     experts: np.ndarray | None = None
+
+
+def _mixed_routing(plan: StepPlan, chunk: int, experts: np.ndarray) -> np.ndarray:
+    """A mixed call's routing `[rows, C + steps - 1, L, k]` (the mixed step's columns,
+    then one per later step) as the scheduler takes it: each row's computed tokens
+    first (a decode row's one, a chunk row's chunk), then its later steps'."""
+    out = np.full_like(experts, -1)
+    later = experts.shape[1] - chunk
+    for i, row in enumerate(plan.rows):
+        head = 1 if i < plan.num_decode_rows else len(row.tokens)
+        out[i, :head] = experts[i, :head]
+        out[i, head:head + later] = experts[i, chunk:]
+    return out
 
 
 class DeviceStep:
@@ -122,11 +137,14 @@ class DeviceStep:
             self.pool.k, self.pool.v, tokens, log_probs, experts = self.programs[plan.kind](
                 self.state, self.pool.k, self.pool.v, inputs
             )
-        # tokens / log_probs [B] (prefill, mixed) or [B, steps] (decode); experts [B, T or steps, L, k] or None
+        # tokens / log_probs [B] (prefill) or [B, steps]; experts [B, T or steps, L, k] or None
         tokens, log_probs, experts = jax.device_get((tokens, log_probs, experts))
         rows, padded = result_rows(plan, inputs), tokens.shape[0]
-        return StepResult(tokens.reshape(padded, -1)[rows], log_probs.reshape(padded, -1)[rows],
-                          None if experts is None else experts[rows])
+        if experts is not None:
+            experts = experts[rows]
+            if isinstance(inputs, MixedInputs):
+                experts = _mixed_routing(plan, inputs.prefill.tokens.shape[1], experts)
+        return StepResult(tokens.reshape(padded, -1)[rows], log_probs.reshape(padded, -1)[rows], experts)
 
     def update_params(self, state: nnx.State, copy: bool = False) -> None:
         """Use new parameters (an nnx.State of the same Decoder) from the next call on.

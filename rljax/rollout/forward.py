@@ -153,26 +153,37 @@ def make_decode_fn(
     def decode(state: nnx.State, k_cache: jax.Array, v_cache: jax.Array, inputs: DecodeInputs):
         on_trace()
         model = nnx.merge(graphdef, state)
-        n_steps = inputs.n_steps  # [B]
-        zeros = jnp.zeros_like(n_steps)  # [B] the one column is the one sampled from
-
-        def one(carry, i):
-            kc, vc, token, position = carry  # token, position [B]
-            valid = (i < n_steps)[:, None]  # [B, 1]
-            kc, vc, token, log_prob, experts = forward_and_sample(
-                model, kc, vc, token[:, None], position[:, None], valid, inputs.page_table, position + 1,
-                zeros, inputs.sampling, page_size=page_size, attention=attention, record=record,
-            )
-            experts = None if experts is None else experts[:, 0]  # [B, L, k]
-            return (kc, vc, token, position + 1), (token, log_prob, experts)
-
-        init = (k_cache, v_cache, inputs.tokens, inputs.positions)
-        # tokens / log_probs [num_steps, B]; experts [num_steps, B, L, k] or None
-        (k_cache, v_cache, *_), (tokens, log_probs, experts) = jax.lax.scan(one, init, jnp.arange(num_steps))
-        experts = None if experts is None else jnp.swapaxes(experts, 0, 1)  # [B, num_steps, L, k]
-        return k_cache, v_cache, tokens.T, log_probs.T, experts
+        return decode_loop(model, k_cache, v_cache, inputs.tokens, inputs.positions, inputs.page_table,
+                           inputs.n_steps, inputs.sampling, num_steps=num_steps, page_size=page_size,
+                           attention=attention, record=record)
 
     return decode
+
+
+def decode_loop(model: Decoder, k_cache: jax.Array, v_cache: jax.Array, tokens: jax.Array, positions: jax.Array,
+                page_table: jax.Array, n_steps: jax.Array, sampling: SamplingInputs, *, num_steps: int,
+                page_size: int, attention: Callable, record: bool = False):
+    """`num_steps` decode steps on device: row b feeds `tokens[b]` at `positions[b]`, and
+    each step's sampled token (at the next position) feeds the next, for `n_steps[b]`
+    steps (later steps write only the null page). Returns (k_cache, v_cache, tokens
+    [B, num_steps], log_probs [B, num_steps], experts [B, num_steps, L, k] or None)."""
+    zeros = jnp.zeros_like(n_steps)  # [B] the one column is the one sampled from
+
+    def one(carry, i):
+        kc, vc, token, position = carry  # token, position [B]
+        valid = (i < n_steps)[:, None]  # [B, 1]
+        kc, vc, token, log_prob, experts = forward_and_sample(
+            model, kc, vc, token[:, None], position[:, None], valid, page_table, position + 1,
+            zeros, sampling, page_size=page_size, attention=attention, record=record,
+        )
+        experts = None if experts is None else experts[:, 0]  # [B, L, k]
+        return (kc, vc, token, position + 1), (token, log_prob, experts)
+
+    # tokens / log_probs [num_steps, B]; experts [num_steps, B, L, k] or None
+    (k_cache, v_cache, *_), (tokens, log_probs, experts) = jax.lax.scan(
+        one, (k_cache, v_cache, tokens, positions), jnp.arange(num_steps))
+    experts = None if experts is None else jnp.swapaxes(experts, 0, 1)  # [B, num_steps, L, k]
+    return k_cache, v_cache, tokens.T, log_probs.T, experts
 
 
 def mixed_forward_and_sample(model: Decoder, k_cache: jax.Array, v_cache: jax.Array, inputs: MixedInputs, *,
@@ -184,8 +195,8 @@ def mixed_forward_and_sample(model: Decoder, k_cache: jax.Array, v_cache: jax.Ar
     (`[Bd, 1]` queries) and chunks through `prefill_attention` (`[Bp, C]`), each over its
     rows' page tables. Every row samples one token (decode rows from their token, chunks
     from column `last_index`). Returns (k_cache, v_cache, tokens [Bd + Bp], log_probs
-    [Bd + Bp], experts [Bd + Bp, C, L, k] with `record` on a MoE model (a decode row's
-    in column 0), else None)."""
+    [Bd + Bp], sample positions [Bd + Bp], experts [Bd + Bp, C, L, k] with `record` on a
+    MoE model (a decode row's in column 0), else None)."""
     d, p = inputs.decode, inputs.prefill
     bd, (bp, c) = d.tokens.shape[0], p.tokens.shape
     d_valid = (d.n_steps > 0)[:, None]  # [Bd, 1]
@@ -213,19 +224,37 @@ def mixed_forward_and_sample(model: Decoder, k_cache: jax.Array, v_cache: jax.Ar
     if experts is not None:  # [1, Bd + Bp*C, L, k] -> [Bd + Bp, C, L, k]
         e_d = jnp.pad(experts[0, :bd, None], ((0, 0), (0, c - 1), (0, 0), (0, 0)), constant_values=-1)
         experts = jnp.concatenate([e_d, experts[0, bd:].reshape(bp, c, *experts.shape[2:])])
-    return k_cache, v_cache, next_tokens, log_probs, experts
+    return k_cache, v_cache, next_tokens, log_probs, sample_positions, experts
 
 
 def make_mixed_fn(graphdef: nnx.GraphDef, page_size: int, decode_attention: Callable, prefill_attention: Callable,
-                  on_trace: Callable[[], None], record: bool = False):
+                  num_steps: int, on_trace: Callable[[], None], record: bool = False):
     """`mixed(state, k_cache, v_cache, inputs: MixedInputs) -> (k_cache, v_cache, tokens
-    [Bd + Bp], log_probs [Bd + Bp], experts or None)` (`mixed_forward_and_sample`)."""
+    [Bd + Bp, num_steps], log_probs [Bd + Bp, num_steps], experts or None)`: one mixed
+    step (`mixed_forward_and_sample`), then `num_steps - 1` decode steps over every row
+    (`decode_loop`): a decode row runs `decode.n_steps` steps in all, a chunk row
+    `prefill_steps` (1 when its chunk leaves known tokens to compute). With `record`,
+    experts are `[Bd + Bp, C + num_steps - 1, L, k]`: the mixed step's (a decode row's in
+    column 0), then the token fed at each later step."""
 
     def mixed(state: nnx.State, k_cache: jax.Array, v_cache: jax.Array, inputs: MixedInputs):
         on_trace()
         model = nnx.merge(graphdef, state)
-        return mixed_forward_and_sample(model, k_cache, v_cache, inputs, page_size=page_size,
-                                        decode_attention=decode_attention, prefill_attention=prefill_attention,
-                                        record=record)
+        k_cache, v_cache, tokens, log_probs, positions, experts = mixed_forward_and_sample(
+            model, k_cache, v_cache, inputs, page_size=page_size, decode_attention=decode_attention,
+            prefill_attention=prefill_attention, record=record)
+        if num_steps == 1:
+            return k_cache, v_cache, tokens[:, None], log_probs[:, None], experts
+        rest = jnp.maximum(jnp.concatenate([inputs.decode.n_steps, inputs.prefill_steps]) - 1, 0)  # [Bd + Bp]
+        page_table = jnp.concatenate([inputs.decode.page_table, inputs.prefill.page_table])
+        sampling = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), inputs.decode.sampling, inputs.prefill.sampling)
+        k_cache, v_cache, more_tokens, more_log_probs, more_experts = decode_loop(
+            model, k_cache, v_cache, tokens, positions, page_table, rest, sampling, num_steps=num_steps - 1,
+            page_size=page_size, attention=decode_attention, record=record)
+        tokens = jnp.concatenate([tokens[:, None], more_tokens], axis=1)  # [Bd + Bp, num_steps]
+        log_probs = jnp.concatenate([log_probs[:, None], more_log_probs], axis=1)
+        if experts is not None:
+            experts = jnp.concatenate([experts, more_experts], axis=1)  # [Bd + Bp, C + num_steps - 1, L, k]
+        return k_cache, v_cache, tokens, log_probs, experts
 
     return mixed

@@ -72,12 +72,14 @@ class DecodeInputs:
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class MixedInputs:
-    """A step over decode rows and prefill chunks together: each decode row feeds its
-    last token and runs one step (`decode.n_steps` 1, 0 on padding), each chunk row
-    computes its chunk; every row samples one token. Both page tables have one width."""
+    """A step over decode rows and prefill chunks together (each decode row feeds its
+    last token, each chunk row computes its chunk, every row samples one token), then
+    decode steps for every row: a decode row runs `decode.n_steps` steps in all, a chunk
+    row `prefill_steps` (0 on padding). Both page tables have one width."""
 
     decode: DecodeInputs  # [Bd] rows
     prefill: PrefillInputs  # [Bp, C] chunks
+    prefill_steps: np.ndarray  # [Bp] int32: 1, or 1 + the decode steps after a chunk that completes the prompt
 
     @property
     def label(self) -> str:
@@ -119,7 +121,7 @@ def _sampling(rows: Sequence[Row], b: int) -> SamplingInputs:
 
 
 def pack_prefill(rows: Sequence[Row], buckets: Buckets, width: int | None = None) -> PrefillInputs:
-    b = buckets.pad_rows(len(rows))
+    b = buckets.pad_rows(max(len(rows), 1))
     t = buckets.pad_chunk(max(len(r.tokens) for r in rows))
     tokens = np.zeros((b, t), np.int32)
     positions = np.zeros((b, t), np.int32)
@@ -139,7 +141,7 @@ def pack_prefill(rows: Sequence[Row], buckets: Buckets, width: int | None = None
 
 
 def pack_decode(rows: Sequence[Row], buckets: Buckets, width: int | None = None) -> DecodeInputs:
-    b = buckets.pad_rows(len(rows))
+    b = buckets.pad_rows(max(len(rows), 1))
     tokens = np.zeros(b, np.int32)
     positions = np.zeros(b, np.int32)
     n_steps = np.zeros(b, np.int32)
@@ -153,7 +155,10 @@ def pack_decode(rows: Sequence[Row], buckets: Buckets, width: int | None = None)
 def pack_mixed(rows: Sequence[Row], num_decode: int, buckets: Buckets) -> MixedInputs:
     """The first `num_decode` rows decode (one step each), the rest are chunks."""
     width = buckets.pad_width(max(len(r.pages) for r in rows))
-    return MixedInputs(pack_decode(rows[:num_decode], buckets, width), pack_prefill(rows[num_decode:], buckets, width))
+    prefill = pack_prefill(rows[num_decode:], buckets, width)
+    steps = np.zeros(prefill.tokens.shape[0], np.int32)
+    steps[: len(rows) - num_decode] = [r.num_steps for r in rows[num_decode:]]
+    return MixedInputs(pack_decode(rows[:num_decode], buckets, width), prefill, steps)
 
 
 PACKERS: dict[StepKind, Callable[[StepPlan, Buckets], StepInputs]] = {

@@ -147,7 +147,8 @@ def test_bench_sampler_runs_a_gguf_model_in_both_systems(tiny, tmp_path):
     out = tmp_path / "sampler.json"
     assert main(["bench", "sampler", "--model", str(tiny), "--batch-sizes", "1,2", "--prompt-len", "8",
                  "--new-tokens", "4", "--share-n", "2", "--share-prompts", "1", "--share-prompt-len", "8",
-                 "--repeats", "1", "--torch-threads", "1", "--rl-prompts", "0", "--out", str(out)]) == 0
+                 "--repeats", "1", "--torch-threads", "1", "--rl-prompts", "0", "--agent-episodes", "0",
+                 "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["model"] == str(tiny) and result["preset"] is None
     assert [r["batch"] for r in result["rows"]] == [1, 2]

@@ -33,9 +33,10 @@ def teacher_forced_experts(model, completions) -> list[np.ndarray]:
 def test_recorded_experts_equal_the_trainer_forwards_with_preemption(hf_models, mixed):
     model = load_hf(hf_models["qwen3_moe"][1])
     prompts = random_prompts(LENGTHS, seed=3)
-    # 15 usable pages of 4 tokens for 4 running sequences of up to 33 tokens: preemption;
-    # n = 2 with the prompt's full pages shared (forked samples copy the prefix's record)
-    config = sampler_config(num_pages=16, record_routing=True, mixed_steps=mixed)
+    # 15 usable pages of 4 tokens (13 with mixed steps, which admit later sequences sooner)
+    # for 4 running sequences of up to 33 tokens: preemption; n = 2 with the prompt's full
+    # pages shared (forked samples copy the prefix's record)
+    config = sampler_config(num_pages=13 if mixed else 16, record_routing=True, mixed_steps=mixed)
     with Sampler(model, config) as sampler:
         out = sampler.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=NEW, seed=5))
         stats = sampler.stats()
@@ -45,7 +46,7 @@ def test_recorded_experts_equal_the_trainer_forwards_with_preemption(hf_models, 
     assert stats["num_cached_pages"] > 0  # there was something to read
     assert (again[0].expert_ids[:-1] >= 0).all()
     assert stats["num_preemptions"] > 0, stats
-    assert stats["num_compiled_programs"] == 2 + mixed, stats["compiled_shapes"]
+    assert stats["num_compiled_programs"] == 2, stats["compiled_shapes"]  # mixed: mixed + decode
     assert (stats["num_mixed_steps"] > 0) == mixed
     k, layers = model.config.num_experts_per_tok, model.config.num_hidden_layers
     for c, want in zip(out, teacher_forced_experts(model, out)):
