@@ -163,25 +163,36 @@ def make_decode_fn(
 def decode_loop(model: Decoder, k_cache: jax.Array, v_cache: jax.Array, tokens: jax.Array, positions: jax.Array,
                 page_table: jax.Array, n_steps: jax.Array, sampling: SamplingInputs, *, num_steps: int,
                 page_size: int, attention: Callable, record: bool = False):
-    """`num_steps` decode steps on device: row b feeds `tokens[b]` at `positions[b]`, and
-    each step's sampled token (at the next position) feeds the next, for `n_steps[b]`
-    steps (later steps write only the null page). Returns (k_cache, v_cache, tokens
+    """Up to `num_steps` decode steps on device: row b feeds `tokens[b]` at
+    `positions[b]`, and each step's sampled token (at the next position) feeds the next,
+    for `n_steps[b]` steps (later steps write only the null page; the loop stops after
+    the longest row's last step). Returns (k_cache, v_cache, tokens
     [B, num_steps], log_probs [B, num_steps], experts [B, num_steps, L, k] or None)."""
     zeros = jnp.zeros_like(n_steps)  # [B] the one column is the one sampled from
+    b = tokens.shape[0]
 
-    def one(carry, i):
-        kc, vc, token, position = carry  # token, position [B]
+    def one(i, carry):
+        kc, vc, token, position, out_tokens, out_log_probs, out_experts = carry  # token, position [B]
         valid = (i < n_steps)[:, None]  # [B, 1]
         kc, vc, token, log_prob, experts = forward_and_sample(
             model, kc, vc, token[:, None], position[:, None], valid, page_table, position + 1,
             zeros, sampling, page_size=page_size, attention=attention, record=record,
         )
-        experts = None if experts is None else experts[:, 0]  # [B, L, k]
-        return (kc, vc, token, position + 1), (token, log_prob, experts)
+        out_tokens = out_tokens.at[i].set(token)
+        out_log_probs = out_log_probs.at[i].set(log_prob)
+        if out_experts is not None:
+            out_experts = out_experts.at[i].set(experts[:, 0])  # [B, L, k]
+        return kc, vc, token, position + 1, out_tokens, out_log_probs, out_experts
 
-    # tokens / log_probs [num_steps, B]; experts [num_steps, B, L, k] or None
-    (k_cache, v_cache, *_), (tokens, log_probs, experts) = jax.lax.scan(
-        one, (k_cache, v_cache, tokens, positions), jnp.arange(num_steps))
+    out_experts = None
+    if record and model.config.is_moe:
+        out_experts = jnp.full((num_steps, b, model.config.num_hidden_layers, model.config.num_experts_per_tok), -1,
+                               jnp.int32)
+    init = (k_cache, v_cache, tokens, positions, jnp.zeros((num_steps, b), jnp.int32),
+            jnp.zeros((num_steps, b), jnp.float32), out_experts)
+    # only as many steps as the longest row runs (a call whose rows all stop early skips the rest)
+    trip = jnp.minimum(jnp.max(n_steps), num_steps)
+    k_cache, v_cache, _, _, tokens, log_probs, experts = jax.lax.fori_loop(0, trip, one, init)
     experts = None if experts is None else jnp.swapaxes(experts, 0, 1)  # [B, num_steps, L, k]
     return k_cache, v_cache, tokens.T, log_probs.T, experts
 
@@ -231,30 +242,34 @@ def make_mixed_fn(graphdef: nnx.GraphDef, page_size: int, decode_attention: Call
                   num_steps: int, on_trace: Callable[[], None], record: bool = False):
     """`mixed(state, k_cache, v_cache, inputs: MixedInputs) -> (k_cache, v_cache, tokens
     [Bd + Bp, num_steps], log_probs [Bd + Bp, num_steps], experts or None)`: one mixed
-    step (`mixed_forward_and_sample`), then `num_steps - 1` decode steps over every row
-    (`decode_loop`): a decode row runs `decode.n_steps` steps in all, a chunk row
-    `prefill_steps` (1 when its chunk leaves known tokens to compute). With `record`,
-    experts are `[Bd + Bp, C + num_steps - 1, L, k]`: the mixed step's (a decode row's in
-    column 0), then the token fed at each later step."""
+    step (`mixed_forward_and_sample`), then up to `num_steps - 1` more decode steps for
+    the decode rows (`decode_loop`; a decode row runs `decode.n_steps` steps in all, a
+    chunk row samples one token, in column 0). With `record`, experts are `[Bd + Bp, C +
+    num_steps - 1, L, k]`: the mixed step's (a decode row's in column 0), then the token
+    a decode row fed at each later step."""
 
     def mixed(state: nnx.State, k_cache: jax.Array, v_cache: jax.Array, inputs: MixedInputs):
         on_trace()
         model = nnx.merge(graphdef, state)
+        d = inputs.decode
+        bd, bp = d.tokens.shape[0], inputs.prefill.tokens.shape[0]
         k_cache, v_cache, tokens, log_probs, positions, experts = mixed_forward_and_sample(
             model, k_cache, v_cache, inputs, page_size=page_size, decode_attention=decode_attention,
             prefill_attention=prefill_attention, record=record)
         if num_steps == 1:
             return k_cache, v_cache, tokens[:, None], log_probs[:, None], experts
-        rest = jnp.maximum(jnp.concatenate([inputs.decode.n_steps, inputs.prefill_steps]) - 1, 0)  # [Bd + Bp]
-        page_table = jnp.concatenate([inputs.decode.page_table, inputs.prefill.page_table])
-        sampling = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), inputs.decode.sampling, inputs.prefill.sampling)
         k_cache, v_cache, more_tokens, more_log_probs, more_experts = decode_loop(
-            model, k_cache, v_cache, tokens, positions, page_table, rest, sampling, num_steps=num_steps - 1,
-            page_size=page_size, attention=decode_attention, record=record)
-        tokens = jnp.concatenate([tokens[:, None], more_tokens], axis=1)  # [Bd + Bp, num_steps]
-        log_probs = jnp.concatenate([log_probs[:, None], more_log_probs], axis=1)
+            model, k_cache, v_cache, tokens[:bd], positions[:bd], d.page_table, jnp.maximum(d.n_steps - 1, 0),
+            d.sampling, num_steps=num_steps - 1, page_size=page_size, attention=decode_attention, record=record)
+
+        def with_chunk_rows(first, more, fill):  # [Bd + Bp] and [Bd, steps - 1, ...] -> [Bd + Bp, steps, ...]
+            more = jnp.concatenate([more, jnp.full((bp, *more.shape[1:]), fill, more.dtype)])
+            return jnp.concatenate([first[:, None] if first.ndim == 1 else first, more], axis=1)
+
+        tokens = with_chunk_rows(tokens, more_tokens, 0)
+        log_probs = with_chunk_rows(log_probs, more_log_probs, 0.0)
         if experts is not None:
-            experts = jnp.concatenate([experts, more_experts], axis=1)  # [Bd + Bp, C + num_steps - 1, L, k]
+            experts = with_chunk_rows(experts, more_experts, -1)  # [Bd + Bp, C + num_steps - 1, L, k]
         return k_cache, v_cache, tokens, log_probs, experts
 
     return mixed

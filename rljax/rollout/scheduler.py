@@ -17,8 +17,9 @@ Scheduling (continuous batching):
   of those sequences, sized so that the padded `[rows bucket, chunk bucket]` fits the
   token budget `max_num_batched_tokens`. With `mixed_steps` every decode-ready running
   sequence rides along in the same call (a mixed step: one decode token each, taken from
-  the budget first, the chunks filling the rest), so no decode waits on a prefill;
-  without it the call is a prefill step and the decodes wait (`num_stalled_calls`).
+  the budget first, the chunks filling the rest, after which the decode rows run the
+  rest of their `num_scheduler_steps` steps), so no decode waits on a prefill; without it
+  the call is a prefill step and the decodes wait (`num_stalled_calls`).
 - Otherwise it is a decode call over every running sequence that runs up to
   `num_scheduler_steps` decode steps on device (each step's token feeds the next);
   `apply` then appends the tokens and stops a sequence at its first stop token or its
@@ -80,7 +81,7 @@ from rljax.rollout.prefix_cache import PrefixCache
 class StepKind(enum.Enum):
     PREFILL = "prefill"  # rows compute a chunk of known tokens; a finished prompt samples one
     DECODE = "decode"  # rows feed their last token and sample up to num_scheduler_steps
-    MIXED = "mixed"  # decode rows, then prefill chunks, in one step; then decode steps for all of them
+    MIXED = "mixed"  # decode rows and prefill chunks in one step, then the decode rows' further steps
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,7 @@ class Row:
 
     tokens: tuple[int, ...]  # prefill: the chunk to compute; decode: the last token (one)
     start: int  # absolute position of tokens[0] (the tokens before it are in the cache)
-    # decode: steps this row runs (<= num_scheduler_steps); prefill: 1, or in a mixed call 1 + the
-    # decode steps it runs after a chunk that completes its known tokens
-    num_steps: int
+    num_steps: int  # decode: steps this row runs (<= num_scheduler_steps); prefill: 1
     pages: tuple[int, ...]  # the page table; pages from start // page_size on are its own
     params: SamplingParams
     seed: int
@@ -450,35 +449,34 @@ class Scheduler:
             kind = StepKind.MIXED
         waiting = 0 if kind is not StepKind.PREFILL else sum(not s.needs_prefill for s in self.running)
         self.stats.num_stalled_calls += waiting > 0
-        plan = StepPlan(kind, tuple([self._row(seq, n, True, n) for seq, n in decode] +
-                                    [self._row(seq, n, False, steps) for seq, n, steps in prefill]),
-                        len(decode), waiting)
+        plan = StepPlan(kind, tuple([self._row(seq, n, True) for seq, n in decode] +
+                                    [self._row(seq, n, False) for seq, n in prefill]), len(decode), waiting)
         self._in_flight = (plan, (decode, prefill))
         return plan
 
-    def _plan_call(self) -> tuple[list[tuple[_Sequence, int]], list[tuple[_Sequence, int, int]]]:
-        """(decode rows as (sequence, steps), prefill rows as (sequence, chunk tokens,
-        steps)) of the next call."""
+    def _plan_call(self) -> tuple[list[tuple[_Sequence, int]], list[tuple[_Sequence, int]]]:
+        """(decode rows as (sequence, steps), prefill rows as (sequence, chunk tokens)) of
+        the next call."""
         budget = self.config.max_num_batched_tokens
         steps = self.config.num_scheduler_steps
         if self.config.mixed_steps and any(s.needs_prefill for s in self.running):
             decode = self._schedule_decode(steps)
             # the decodes take the budget first (padded rows); the chunks fill the rest
             left = max(budget - (self.buckets.pad_rows(len(decode)) if decode else 0), self.buckets.chunk[0])
-            prefill = self._schedule_prefill(left, steps)
+            prefill = self._schedule_prefill(left)
             return [(s, n) for s, n in decode if s in self.running], prefill
-        prefill = self._schedule_prefill(budget, 1)
+        prefill = self._schedule_prefill(budget)
         if prefill:
             return [], prefill
         return self._schedule_decode(steps), []
 
-    def _row(self, seq: _Sequence, n: int, decode: bool, steps: int) -> Row:
+    def _row(self, seq: _Sequence, n: int, decode: bool) -> Row:
         start = seq.num_computed
         assert seq.table.writable(start // self.page_size), "a step would write a shared page"
         return Row(
             tokens=(seq.tokens[-1],) if decode else tuple(seq.tokens[start:start + n]),
             start=start,
-            num_steps=steps,
+            num_steps=n if decode else 1,
             pages=tuple(seq.table.pages),
             params=seq.request.params,
             seed=seq.request.seed,
@@ -546,15 +544,12 @@ class Scheduler:
                 if victim is seq:
                     return False
 
-    def _schedule_prefill(self, budget: int, max_steps: int) -> list[tuple[_Sequence, int, int]]:
+    def _schedule_prefill(self, budget: int) -> list[tuple[_Sequence, int]]:
         """Chunks of the sequences with tokens to compute, in admission order, while the
-        padded `[rows bucket, chunk]` fits `budget` tokens; (sequence, tokens, steps)
-        each. A chunk that completes a sample's known tokens samples one token and then
-        runs up to `max_steps - 1` decode steps (never past its max_tokens); its pages
-        cover them."""
+        padded `[rows bucket, chunk]` fits `budget` tokens; (sequence, tokens) each."""
         pad_rows = self.buckets.pad_rows
         fitting = [c for c in self.buckets.chunk if pad_rows(1) * c <= budget] or [self.buckets.chunk[0]]
-        rows: list[tuple[_Sequence, int, int]] = []
+        rows: list[tuple[_Sequence, int]] = []
         chunk = 0
         for seq in [s for s in self.running if s.needs_prefill]:
             if seq not in self.running:  # preempted while reserving for an earlier row
@@ -565,12 +560,9 @@ class Scheduler:
             if rows and (len(rows) + 1 > self.buckets.rows[-1] or pad_rows(len(rows) + 1) * chunk > budget):
                 break
             n = min(left, chunk)
-            steps = 1
-            if n == left and not seq.is_prefix:
-                steps = min(max_steps, seq.request.max_tokens - seq.num_generated)
-            if self._reserve(seq, seq.num_computed + n + steps - 1):
-                rows.append((seq, n, steps))
-        return [r for r in rows if r[0] in self.running]
+            if self._reserve(seq, seq.num_computed + n):
+                rows.append((seq, n))
+        return [(s, n) for s, n in rows if s in self.running]
 
     def _schedule_decode(self, max_steps: int) -> list[tuple[_Sequence, int]]:
         """Every decode-ready running sequence, with the number of steps it runs in this
@@ -602,11 +594,11 @@ class Scheduler:
         self.stats.num_prefill_steps += plan.kind is StepKind.PREFILL
         self.stats.num_decode_calls += plan.kind is StepKind.DECODE
         self.stats.num_mixed_steps += plan.kind is StepKind.MIXED
-        self.stats.num_decode_steps += max([n for _, n in decode] + [s - 1 for *_, s in prefill], default=0)
-        self.stats.num_prefill_tokens += sum(n for _, n, _ in prefill)
+        self.stats.num_decode_steps += max((n for _, n in decode), default=0)
+        self.stats.num_prefill_tokens += sum(n for _, n in prefill)
         for i, (seq, n) in enumerate(decode):
-            self._apply_decode(seq, range(n), tokens[i], log_probs[i], None if experts is None else experts[i])
-        for i, (seq, n, steps) in enumerate(prefill, start=len(decode)):
+            self._apply_decode(seq, n, tokens[i], log_probs[i], None if experts is None else experts[i])
+        for i, (seq, n) in enumerate(prefill, start=len(decode)):
             if experts is not None:
                 seq.routing.write(seq.num_computed, experts[i, :n])
             seq.num_computed += n
@@ -614,17 +606,15 @@ class Scheduler:
                 continue  # mid-prompt chunk: nothing to sample yet
             if seq.is_prefix:
                 self._fork(seq)
-            elif not self._append(seq, int(tokens[i, 0]), float(log_probs[i, 0])):
-                # the decode steps after the chunk: step j's token fed is at column n + j - 1 of experts
-                self._apply_decode(seq, range(1, steps), tokens[i], log_probs[i],
-                                   None if experts is None else experts[i, n - 1:])
+            else:
+                self._append(seq, int(tokens[i, 0]), float(log_probs[i, 0]))
         return self.pop_finished()
 
-    def _apply_decode(self, seq: _Sequence, steps: range, tokens: np.ndarray, log_probs: np.ndarray,
+    def _apply_decode(self, seq: _Sequence, steps: int, tokens: np.ndarray, log_probs: np.ndarray,
                       experts: np.ndarray | None) -> None:
         """Take a row's decode steps: step j fed the sequence's last token (its routing:
         `experts[j]`) and sampled `tokens[j]`; stops at the step that finishes it."""
-        for j in steps:
+        for j in range(steps):
             if experts is not None:  # the token fed at step j sits at num_computed
                 seq.routing.write(seq.num_computed, experts[j:j + 1])
             seq.num_computed += 1

@@ -74,17 +74,16 @@ class DecodeInputs:
 class MixedInputs:
     """A step over decode rows and prefill chunks together (each decode row feeds its
     last token, each chunk row computes its chunk, every row samples one token), then
-    decode steps for every row: a decode row runs `decode.n_steps` steps in all, a chunk
-    row `prefill_steps` (0 on padding). Both page tables have one width."""
+    the decode rows' further steps (`decode.n_steps` in all). Each part has its own
+    page-table width."""
 
     decode: DecodeInputs  # [Bd] rows
     prefill: PrefillInputs  # [Bp, C] chunks
-    prefill_steps: np.ndarray  # [Bp] int32: 1, or 1 + the decode steps after a chunk that completes the prompt
 
     @property
     def label(self) -> str:
         (bd,), (bp, c) = self.decode.tokens.shape, self.prefill.tokens.shape
-        return f"[{bd}x1+{bp}x{c}, W={self.decode.page_table.shape[1]}]"
+        return f"[{bd}x1+{bp}x{c}, W={self.decode.page_table.shape[1]}+{self.prefill.page_table.shape[1]}]"
 
 
 StepInputs = PrefillInputs | DecodeInputs | MixedInputs
@@ -120,7 +119,7 @@ def _sampling(rows: Sequence[Row], b: int) -> SamplingInputs:
     return s
 
 
-def pack_prefill(rows: Sequence[Row], buckets: Buckets, width: int | None = None) -> PrefillInputs:
+def pack_prefill(rows: Sequence[Row], buckets: Buckets) -> PrefillInputs:
     b = buckets.pad_rows(max(len(rows), 1))
     t = buckets.pad_chunk(max(len(r.tokens) for r in rows))
     tokens = np.zeros((b, t), np.int32)
@@ -136,7 +135,7 @@ def pack_prefill(rows: Sequence[Row], buckets: Buckets, width: int | None = None
         valid[i, :n] = True
         kv_lens[i] = r.start + n
         last_index[i] = n - 1
-    return PrefillInputs(tokens, positions, valid, _page_table(rows, b, buckets, width), kv_lens, last_index,
+    return PrefillInputs(tokens, positions, valid, _page_table(rows, b, buckets), kv_lens, last_index,
                          _sampling(rows, b))
 
 
@@ -153,12 +152,9 @@ def pack_decode(rows: Sequence[Row], buckets: Buckets, width: int | None = None)
 
 
 def pack_mixed(rows: Sequence[Row], num_decode: int, buckets: Buckets) -> MixedInputs:
-    """The first `num_decode` rows decode (one step each), the rest are chunks."""
-    width = buckets.pad_width(max(len(r.pages) for r in rows))
-    prefill = pack_prefill(rows[num_decode:], buckets, width)
-    steps = np.zeros(prefill.tokens.shape[0], np.int32)
-    steps[: len(rows) - num_decode] = [r.num_steps for r in rows[num_decode:]]
-    return MixedInputs(pack_decode(rows[:num_decode], buckets, width), prefill, steps)
+    """The first `num_decode` rows decode, the rest are chunks."""
+    decode = pack_decode(rows[:num_decode], buckets, None if num_decode else buckets.width[0])
+    return MixedInputs(decode, pack_prefill(rows[num_decode:], buckets))
 
 
 PACKERS: dict[StepKind, Callable[[StepPlan, Buckets], StepInputs]] = {

@@ -184,15 +184,14 @@ def test_requests_the_pool_cannot_hold_are_refused():
 @pytest.mark.parametrize("mixed", [False, True])
 def test_a_new_prompt_never_stalls_running_decodes_with_mixed_steps(mixed):
     """Budget 16: two decode rows (bucket 2) leave 14 tokens, so the new prompt's 19
-    tokens go in chunks of 8 (the chunk bucket) beside the decodes. In a mixed call every
-    row then runs the call's remaining decode steps (num_scheduler_steps 2): a decode row
-    2 in all, a chunk that completes its prompt 1 after its sampled token."""
+    tokens go in chunks of 8 (the chunk bucket) beside the decodes; in each mixed call the
+    decode rows then run the rest of their num_scheduler_steps (2) steps."""
     s = scheduler(max_num_seqs=3, batch_buckets=(1, 2, 4), prefill_chunk_buckets=(4, 8), mixed_steps=mixed)
     a = s.add_request("a", [1, 2, 3], params(max_tokens=8))
     b = s.add_request("b", [4, 5, 6], params(max_tokens=8))
-    first = s.schedule()  # both prompts: one token each, and one more decode step when mixed
+    first = s.schedule()  # both prompts, one token each (a mixed call with no decode rows)
     assert first.kind is (StepKind.MIXED if mixed else StepKind.PREFILL)
-    assert [r.num_steps for r in first.rows] == [1 + mixed] * 2
+    assert first.num_decode_rows == 0 and [r.num_steps for r in first.rows] == [1, 1]
     run(s, first)
     late = s.add_request("late", list(range(19)), params(max_tokens=2))
     plans = drain(s)
@@ -202,8 +201,7 @@ def test_a_new_prompt_never_stalls_running_decodes_with_mixed_steps(mixed):
     if mixed:
         assert [p.kind for p in plans[:3]] == [StepKind.MIXED] * 3
         assert first.num_decode_rows == 2 and first.num_waiting_decodes == 0
-        assert [(r.tokens, r.start, r.num_steps) for r in first.rows[:2]] == [((TOKEN,), 4, 2)] * 2
-        assert [r.num_steps for r in plans[2].rows[2:]] == [2]  # the chunk that completes the late prompt
+        assert [(r.tokens, r.start, r.num_steps) for r in first.rows[:2]] == [((TOKEN,), 3, 2)] * 2
         assert s.stats.num_mixed_steps == 4 and s.stats.num_stalled_calls == 0 and s.stats.num_prefill_steps == 0
     else:
         assert [p.kind for p in plans[:3]] == [StepKind.PREFILL] * 3

@@ -50,7 +50,7 @@ def test_decode_padding_rows_run_no_steps_on_the_null_page():
     assert len(jax.tree.leaves(x)) == 4 + 7
 
 
-def test_mixed_inputs_pad_decode_rows_and_chunks_apart_with_one_width():
+def test_mixed_inputs_pad_decode_rows_and_chunks_apart():
     from rljax.rollout.scheduler import StepKind, StepPlan
     from rljax.rollout.step_inputs import MixedInputs, pack_step, result_rows
 
@@ -58,9 +58,9 @@ def test_mixed_inputs_pad_decode_rows_and_chunks_apart_with_one_width():
             row([11, 12, 13], 4, [3, 5]))  # one chunk
     plan = StepPlan(StepKind.MIXED, rows, num_decode_rows=3)
     x = pack_step(plan, BUCKETS)
-    assert isinstance(x, MixedInputs) and x.label == "[4x1+2x4, W=8]"
+    assert isinstance(x, MixedInputs) and x.label == "[4x1+2x4, W=8+4]"
     np.testing.assert_array_equal(x.decode.n_steps, [1, 1, 1, 0])
     np.testing.assert_array_equal(x.prefill.tokens, [[11, 12, 13, 0], [0, 0, 0, 0]])
-    np.testing.assert_array_equal(x.prefill.page_table[0], [3, 5, 0, 0, 0, 0, 0, 0])  # the decode rows' width
+    np.testing.assert_array_equal(x.prefill.page_table[0], [3, 5, 0, 0])
     # outputs come back as [4 decode rows + 2 chunk rows]; the plan's rows are 0, 1, 2 and 4
     np.testing.assert_array_equal(result_rows(plan, x), [0, 1, 2, 4])
