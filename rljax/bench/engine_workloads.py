@@ -10,10 +10,11 @@ decodes ride along with prefill chunks) and on `transformers` `generate`; used b
   `concurrency` sequences in flight; transformers runs `concurrency / n` prompts per
   `generate` call (left-padded), each call running until its longest row stops.
 - Agent-shaped: episodes of `turns` turns. A turn samples a response (as above), then a
-  tool output of 16-64 random tokens is appended, and the next turn continues from the
-  whole conversation. rljax runs every episode as its own chain of requests (a finished
-  turn's next request enters while the others decode; prefix caching on, cleared before
-  each run), transformers runs the episodes' turns in lockstep batches.
+  tool output of random tokens (length uniform in `tool_tokens`) is appended, and the next
+  turn continues from the whole conversation. rljax runs every episode as its own chain
+  of requests (a finished turn's next request enters while the others decode; prefix
+  caching on, cleared before each run), transformers runs the episodes' turns in
+  lockstep batches.
 
 The two rljax engines draw the same tokens (a seeded request's keys do not depend on the
 batch around it), so they do the same work. Reported per engine: sampled tokens/s and
@@ -74,11 +75,12 @@ class Workload:
 
 
 def make_workload(kind: str, rng, vocab: int, num_prompts: int, prompt_len: int, n: int, turns: int,
-                  max_tokens: int, mean_len: int, concurrency: int) -> Workload:
+                  max_tokens: int, mean_len: int, concurrency: int, tool_tokens: tuple[int, int] = (16, 64)) -> Workload:
     stop_ids = sorted(int(t) for t in rng.permutation(np.arange(1, vocab))[: max(1, vocab // mean_len)])
     lengths = rng.integers(max(1, prompt_len // 2), prompt_len * 3 // 2 + 1, size=num_prompts)
     prompts = [rng.integers(0, vocab, size=int(m)).tolist() for m in lengths]
-    tools = [[rng.integers(0, vocab, size=int(rng.integers(16, 65))).tolist() for _ in range(turns)]
+    lo, hi = tool_tokens
+    tools = [[rng.integers(0, vocab, size=int(rng.integers(lo, hi + 1))).tolist() for _ in range(turns)]
              for _ in range(num_prompts)]
     if kind == "rl":
         return Workload("rl", prompts, n, 1, max_tokens, stop_ids, concurrency, tools)
@@ -87,7 +89,8 @@ def make_workload(kind: str, rng, vocab: int, num_prompts: int, prompt_len: int,
 
 def max_context(w: Workload) -> int:
     """The longest conversation the workload can build, in tokens."""
-    return max(len(p) for p in w.prompts) + w.turns * w.max_tokens + (w.turns - 1) * 64
+    longest_tool = max((len(t) for ep in w.tool_outputs for t in ep[:-1]), default=0)
+    return max(len(p) for p in w.prompts) + w.turns * w.max_tokens + (w.turns - 1) * longest_tool
 
 
 def _params(w: Workload, episode: int, turn: int):
@@ -187,8 +190,9 @@ def compare(model, w: Workload, sampler_config: dict, hf=None, device: str | Non
             seconds = time.perf_counter() - t0
             if "hf" not in best or seconds < best["hf"][0]:
                 best["hf"] = (seconds, tokens, 0.0, 0.0)
+    tool = [len(t) for ep in w.tool_outputs for t in ep[:-1]] if w.kind == "agent" else []
     row = {"workload": w.kind, "prompts": len(w.prompts), "n": w.n, "turns": w.turns, "max_tokens": w.max_tokens,
-           "concurrency": w.concurrency}
+           "concurrency": w.concurrency, "tool_tokens": f"{min(tool)}-{max(tool)}" if tool else "-"}
     for name, sampler in samplers.items():
         seconds, tokens, wait, compile_s = best[name]
         row[f"{name}_tok_s"] = tokens / seconds
@@ -206,5 +210,5 @@ def compare(model, w: Workload, sampler_config: dict, hf=None, device: str | Non
     return row
 
 
-COLUMNS = ["workload", "prompts", "n", "turns", "split_tok_s", "mixed_tok_s", "hf_tok_s", "mixed_vs_split",
+COLUMNS = ["workload", "prompts", "n", "turns", "tool_tokens", "split_tok_s", "mixed_tok_s", "hf_tok_s", "mixed_vs_split",
            "mixed_vs_hf", "split_wait_s", "mixed_wait_s", "split_s", "mixed_s"]

@@ -66,6 +66,7 @@ def add_arguments(p) -> None:
     p.add_argument("--rl-concurrency", type=int, default=32, help="sequences in flight, both systems")
     p.add_argument("--agent-episodes", type=int, default=32, help="episodes of the agent-shaped workload (0: skip it)")
     p.add_argument("--agent-turns", type=int, default=3, help="turns per episode of the agent-shaped workload")
+    p.add_argument("--agent-tool-tokens", default="16,64", help="min,max tokens of a tool output (agent workload)")
     p.add_argument("--share-n", type=int, default=8, help="n for the prefix-sharing memory rows")
     p.add_argument("--share-prompts", type=int, default=4, help="prompts for the prefix-sharing rows")
     p.add_argument("--share-prompt-len", type=int, default=256, help="prompt length for the prefix-sharing rows")
@@ -140,8 +141,9 @@ def _engine_workloads(args, model, hf, torch_device, rng, vocab: int) -> list[di
         n = args.rl_n if kind == "rl" else 1
         if args.rl_concurrency % n:
             raise SystemExit(f"--rl-concurrency ({args.rl_concurrency}) must be a multiple of --rl-n ({n})")
+        lo, hi = (int(x) for x in args.agent_tool_tokens.split(","))
         w = make_workload(kind, rng, vocab, count, args.prompt_len, n, args.agent_turns, args.rl_max_tokens,
-                          args.rl_mean_len, args.rl_concurrency if kind == "rl" else count)
+                          args.rl_mean_len, args.rl_concurrency if kind == "rl" else count, (lo, hi))
         config = dict(max_num_seqs=w.concurrency, max_num_batched_tokens=max(512, args.prompt_len * 4),
                       max_model_len=-(-max_context(w) // args.page_size) * args.page_size,
                       kv_cache=KVCacheConfig(page_size=args.page_size), attention=args.attention,
@@ -185,7 +187,8 @@ def main(args) -> int:
     backend = jax.default_backend()
     rng = np.random.default_rng(0)
 
-    model_len = max(max_len, p_len * 3 // 2 + args.agent_turns * (args.rl_max_tokens + 64))
+    tool_max = int(args.agent_tool_tokens.split(",")[-1])
+    model_len = max(max_len, p_len * 3 // 2 + args.agent_turns * (args.rl_max_tokens + tool_max))
     hf, torch_device = None, None
     if args.model:
         model = load_hf(args.model, dtype=args.dtype)

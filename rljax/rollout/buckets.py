@@ -20,7 +20,8 @@ def bucket(n: int, buckets: tuple[int, ...]) -> int:
 @dataclass(frozen=True)
 class Buckets:
     """rows: batch rows of a decode or prefill call; chunk: tokens per prefill row;
-    width: page-table entries per row. Each ascending."""
+    width: page-table entries per row. Each ascending. A mixed call's flat chunk tokens
+    pad to powers of two (`pad_tokens`)."""
 
     rows: tuple[int, ...]
     chunk: tuple[int, ...]
@@ -38,3 +39,7 @@ class Buckets:
 
     def pad_width(self, n: int) -> int:
         return bucket(n, self.width)
+
+    def pad_tokens(self, n: int) -> int:
+        """The flat token count of a mixed call's chunks: a power of two, at least 16."""
+        return max(16, 1 << (max(n, 1) - 1).bit_length())

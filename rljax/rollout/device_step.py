@@ -143,7 +143,7 @@ class DeviceStep:
         if experts is not None:
             experts = experts[rows]
             if isinstance(inputs, MixedInputs):
-                experts = _mixed_routing(plan, inputs.prefill.tokens.shape[1], experts)
+                experts = _mixed_routing(plan, inputs.chunks.query_index.shape[1], experts)
         return StepResult(tokens.reshape(padded, -1)[rows], log_probs.reshape(padded, -1)[rows], experts)
 
     def update_params(self, state: nnx.State, copy: bool = False) -> None:

@@ -201,40 +201,42 @@ def mixed_forward_and_sample(model: Decoder, k_cache: jax.Array, v_cache: jax.Ar
                              page_size: int, decode_attention: Callable, prefill_attention: Callable,
                              record: bool = False):
     """One step over decode rows and prefill chunks together: the `[Bd]` decode tokens
-    and the `[Bp, C]` chunk tokens run as one flattened `[1, Bd + Bp*C]` sequence through
-    every matmul; attention splits them back, decode rows through `decode_attention`
-    (`[Bd, 1]` queries) and chunks through `prefill_attention` (`[Bp, C]`), each over its
-    rows' page tables. Every row samples one token (decode rows from their token, chunks
-    from column `last_index`). Returns (k_cache, v_cache, tokens [Bd + Bp], log_probs
-    [Bd + Bp], sample positions [Bd + Bp], experts [Bd + Bp, C, L, k] with `record` on a
-    MoE model (a decode row's in column 0), else None)."""
-    d, p = inputs.decode, inputs.prefill
-    bd, (bp, c) = d.tokens.shape[0], p.tokens.shape
-    d_valid = (d.n_steps > 0)[:, None]  # [Bd, 1]
-    d_positions = d.positions[:, None]  # [Bd, 1]
-    d_pages = write_pages(d.page_table, d_positions, d_valid, page_size)  # [Bd, 1]
-    p_pages = write_pages(p.page_table, p.positions, p.valid, page_size)  # [Bp, C]
+    and the `[Tp]` flat chunk tokens run as one `[1, Bd + Tp]` sequence through every
+    matmul; attention splits them: decode rows through `decode_attention` (`[Bd, 1]`
+    queries), chunks through `prefill_attention` on their `[Bp, C]` view
+    (`RaggedChunks.query_index`), each over its rows' page tables. Every row samples one
+    token (a decode row from its token, a chunk row from its last). Returns (k_cache,
+    v_cache, tokens [Bd + Bp], log_probs [Bd + Bp], sample positions [Bd + Bp], experts
+    [Bd + Bp, C, L, k] with `record` on a MoE model (a decode row's in column 0), else
+    None)."""
+    d, ch = inputs.decode, inputs.chunks
+    bd, (bp, c) = d.tokens.shape[0], ch.query_index.shape
+    d_valid = d.n_steps > 0  # [Bd]
+    d_pages = write_pages(d.page_table, d.positions[:, None], d_valid[:, None], page_size)[:, 0]  # [Bd]
+    column = jnp.minimum(ch.positions // page_size, ch.page_table.shape[1] - 1)  # [Tp]
+    ch_pages = jnp.where(ch.valid, ch.page_table[ch.token_row, column], 0)  # [Tp]
 
-    def flat(a_decode, a_prefill):  # [Bd, 1, ...] and [Bp, C, ...] -> [1, Bd + Bp*C, ...]
-        return jnp.concatenate([a_decode.reshape(bd, *a_decode.shape[2:]),
-                                a_prefill.reshape(bp * c, *a_prefill.shape[2:])])[None]
+    def attend(q, kc, vc, layer):  # q [1, Bd + Tp, N, D]
+        q_c = q[0, bd:][ch.query_index]  # [Bp, C, N, D]
+        a_d = decode_attention(q[0, :bd, None], kc, vc, layer, d.page_table, d.positions[:, None],
+                               d.positions + 1)  # [Bd, 1, N, D]
+        a_c = prefill_attention(q_c, kc, vc, layer, ch.page_table, ch.positions[ch.query_index],
+                                ch.kv_lens)  # [Bp, C, N, D]
+        return jnp.concatenate([a_d[:, 0], a_c[ch.token_row, ch.token_col]])[None]  # [1, Bd + Tp, N, D]
 
-    def attend(q, kc, vc, layer):  # q [1, Bd + Bp*C, N, D]
-        q_d, q_p = q[0, :bd, None], q[0, bd:].reshape(bp, c, *q.shape[2:])
-        a_d = decode_attention(q_d, kc, vc, layer, d.page_table, d_positions, d.positions + 1)  # [Bd, 1, N, D]
-        a_p = prefill_attention(q_p, kc, vc, layer, p.page_table, p.positions, p.kv_lens)  # [Bp, C, N, D]
-        return flat(a_d, a_p)
+    def flat(a_decode, a_chunks):
+        return jnp.concatenate([a_decode, a_chunks])[None]
 
     x, k_cache, v_cache, experts = run_layers(
-        model, k_cache, v_cache, flat(d.tokens[:, None], p.tokens), flat(d_positions, p.positions),
-        flat(d_valid, p.valid), flat(d_pages, p_pages), attend, page_size=page_size, record=record)
-    last = jnp.concatenate([x[0, :bd], x[0, bd + jnp.arange(bp) * c + p.last_index]])  # [Bd + Bp, E]
-    sample_positions = jnp.concatenate([d.positions, p.positions[jnp.arange(bp), p.last_index]]) + 1  # [Bd + Bp]
-    sampling = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), d.sampling, p.sampling)
+        model, k_cache, v_cache, flat(d.tokens, ch.tokens), flat(d.positions, ch.positions),
+        flat(d_valid, ch.valid), flat(d_pages, ch_pages), attend, page_size=page_size, record=record)
+    last = jnp.concatenate([x[0, :bd], x[0, bd + ch.last_index]])  # [Bd + Bp, E]
+    sample_positions = jnp.concatenate([d.positions, ch.positions[ch.last_index]]) + 1  # [Bd + Bp]
+    sampling = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), d.sampling, ch.sampling)
     next_tokens, log_probs = sample_rows(model, last, sample_positions, sampling)
-    if experts is not None:  # [1, Bd + Bp*C, L, k] -> [Bd + Bp, C, L, k]
+    if experts is not None:  # [1, Bd + Tp, L, k] -> [Bd + Bp, C, L, k]
         e_d = jnp.pad(experts[0, :bd, None], ((0, 0), (0, c - 1), (0, 0), (0, 0)), constant_values=-1)
-        experts = jnp.concatenate([e_d, experts[0, bd:].reshape(bp, c, *experts.shape[2:])])
+        experts = jnp.concatenate([e_d, experts[0, bd:][ch.query_index]])
     return k_cache, v_cache, next_tokens, log_probs, sample_positions, experts
 
 
@@ -252,7 +254,7 @@ def make_mixed_fn(graphdef: nnx.GraphDef, page_size: int, decode_attention: Call
         on_trace()
         model = nnx.merge(graphdef, state)
         d = inputs.decode
-        bd, bp = d.tokens.shape[0], inputs.prefill.tokens.shape[0]
+        bd, bp = d.tokens.shape[0], inputs.chunks.query_index.shape[0]
         k_cache, v_cache, tokens, log_probs, positions, experts = mixed_forward_and_sample(
             model, k_cache, v_cache, inputs, page_size=page_size, decode_attention=decode_attention,
             prefill_attention=prefill_attention, record=record)

@@ -71,19 +71,41 @@ class DecodeInputs:
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
+class RaggedChunks:
+    """Prefill chunks as one flat run of tokens: row r's chunk is `tokens[starts[r] :
+    starts[r] + lens[r]]`, rows back to back, then padding up to Tp. `query_index` views
+    them as `[Bp, C]` (row r's c-th token; past its chunk, its last token again) for
+    attention; `token_row` / `token_col` map each flat token back to that view."""
+
+    tokens: np.ndarray  # [Tp] int32
+    positions: np.ndarray  # [Tp] int32, absolute positions (padding: 0)
+    valid: np.ndarray  # [Tp] bool, False on padding (its keys / values go to page 0)
+    token_row: np.ndarray  # [Tp] int32, the chunk row of each token (padding: 0)
+    token_col: np.ndarray  # [Tp] int32, its index within the chunk (padding: 0)
+    query_index: np.ndarray  # [Bp, C] int32, the flat token at (row, column)
+    page_table: np.ndarray  # [Bp, W] int32
+    kv_lens: np.ndarray  # [Bp] int32, tokens in the cache once the chunk is written
+    last_index: np.ndarray  # [Bp] int32, the flat index of each row's last token (sampled from)
+    sampling: SamplingInputs  # [Bp]
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
 class MixedInputs:
     """A step over decode rows and prefill chunks together (each decode row feeds its
     last token, each chunk row computes its chunk, every row samples one token), then
-    the decode rows' further steps (`decode.n_steps` in all). Each part has its own
-    page-table width."""
+    the decode rows' further steps (`decode.n_steps` in all). The matmuls run over the
+    `Bd` decode tokens and the `Tp` flat chunk tokens, so a chunk costs its own length,
+    not the longest chunk's. Each part has its own page-table width."""
 
     decode: DecodeInputs  # [Bd] rows
-    prefill: PrefillInputs  # [Bp, C] chunks
+    chunks: RaggedChunks  # [Tp] tokens of [Bp] rows, up to C each
 
     @property
     def label(self) -> str:
-        (bd,), (bp, c) = self.decode.tokens.shape, self.prefill.tokens.shape
-        return f"[{bd}x1+{bp}x{c}, W={self.decode.page_table.shape[1]}+{self.prefill.page_table.shape[1]}]"
+        (bd,), (bp, c) = self.decode.tokens.shape, self.chunks.query_index.shape
+        return (f"[{bd}x1+{self.chunks.tokens.shape[0]}({bp}x{c}), "
+                f"W={self.decode.page_table.shape[1]}+{self.chunks.page_table.shape[1]}]")
 
 
 StepInputs = PrefillInputs | DecodeInputs | MixedInputs
@@ -154,7 +176,31 @@ def pack_decode(rows: Sequence[Row], buckets: Buckets, width: int | None = None)
 def pack_mixed(rows: Sequence[Row], num_decode: int, buckets: Buckets) -> MixedInputs:
     """The first `num_decode` rows decode, the rest are chunks."""
     decode = pack_decode(rows[:num_decode], buckets, None if num_decode else buckets.width[0])
-    return MixedInputs(decode, pack_prefill(rows[num_decode:], buckets))
+    return MixedInputs(decode, pack_chunks(rows[num_decode:], buckets))
+
+
+def pack_chunks(rows: Sequence[Row], buckets: Buckets) -> RaggedChunks:
+    lens = [len(r.tokens) for r in rows]
+    b, c, tp = buckets.pad_rows(len(rows)), buckets.pad_chunk(max(lens)), buckets.pad_tokens(sum(lens))
+    tokens, positions, token_row, token_col = (np.zeros(tp, np.int32) for _ in range(4))
+    valid = np.zeros(tp, bool)
+    query_index = np.zeros((b, c), np.int32)
+    kv_lens, last_index = np.zeros(b, np.int32), np.zeros(b, np.int32)
+    at = 0
+    for i, r in enumerate(rows):
+        n = len(r.tokens)
+        span = slice(at, at + n)
+        tokens[span] = r.tokens
+        positions[span] = np.arange(r.start, r.start + n)
+        valid[span] = True
+        token_row[span] = i
+        token_col[span] = np.arange(n)
+        query_index[i] = at + np.minimum(np.arange(c), n - 1)
+        kv_lens[i] = r.start + n
+        last_index[i] = at + n - 1
+        at += n
+    return RaggedChunks(tokens, positions, valid, token_row, token_col, query_index, _page_table(rows, b, buckets),
+                        kv_lens, last_index, _sampling(rows, b))
 
 
 PACKERS: dict[StepKind, Callable[[StepPlan, Buckets], StepInputs]] = {

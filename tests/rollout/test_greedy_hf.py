@@ -34,7 +34,10 @@ def test_greedy_matches_transformers_with_preemption(hf_models, family, mixed):
         out = sampler.generate(prompts, SamplingParams(temperature=0.0, max_tokens=NEW))
         stats = sampler.stats()
     assert stats["num_preemptions"] > 0, stats
-    assert stats["num_compiled_programs"] == 2, stats["compiled_shapes"]  # mixed: mixed + decode
+    kinds = {shape.split("[")[0] for shape in stats["compiled_shapes"]}
+    assert kinds == ({"mixed", "decode"} if mixed else {"prefill", "decode"}), stats["compiled_shapes"]
+    # one program per bucket: split steps have one of each; mixed steps one per flat chunk-token count
+    assert mixed or stats["num_compiled_programs"] == 2, stats["compiled_shapes"]
     assert (stats["num_mixed_steps"] > 0) == mixed and (stats["num_stalled_calls"] == 0) == mixed, stats
     assert stats["pages_used"] == 0  # every page came back
     assert [c.request_index for c in out] == list(range(len(prompts)))

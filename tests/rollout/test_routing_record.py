@@ -46,7 +46,10 @@ def test_recorded_experts_equal_the_trainer_forwards_with_preemption(hf_models, 
     assert stats["num_cached_pages"] > 0  # there was something to read
     assert (again[0].expert_ids[:-1] >= 0).all()
     assert stats["num_preemptions"] > 0, stats
-    assert stats["num_compiled_programs"] == 2, stats["compiled_shapes"]  # mixed: mixed + decode
+    kinds = {shape.split("[")[0] for shape in stats["compiled_shapes"]}
+    assert kinds == ({"mixed", "decode"} if mixed else {"prefill", "decode"}), stats["compiled_shapes"]
+    # one program per bucket: split steps have one of each; mixed steps one per flat chunk-token count
+    assert mixed or stats["num_compiled_programs"] == 2, stats["compiled_shapes"]
     assert (stats["num_mixed_steps"] > 0) == mixed
     k, layers = model.config.num_experts_per_tok, model.config.num_hidden_layers
     for c, want in zip(out, teacher_forced_experts(model, out)):

@@ -67,13 +67,18 @@ def test_copies_of_one_prompt_draw_independent_samples(roomy_sampler):
 
 
 @pytest.mark.slow  # a second sampler with fewer pages: its own prefill and decode compiles
-def test_preempted_sampled_sequences_continue_identically(llama, roomy_sampler):
+@pytest.mark.parametrize("mixed", [False, True], ids=["split", "mixed"])
+def test_preempted_sampled_sequences_continue_identically(llama, roomy_sampler, mixed):
+    """Forked samples (n=2, shared prompt pages) preempted and recomputed draw what an
+    uninterrupted split-step run draws; with mixed steps the recomputes and the forks'
+    prompt tails are prefilled beside running decodes."""
     prompts = random_prompts([3, 21, 8, 13, 5, 17], seed=8)
     params = SamplingParams(n=2, temperature=1.0, max_tokens=16, seed=5)
     reference = roomy_sampler.generate(prompts, params)
-    with Sampler(llama, sampler_config(num_pages=14)) as tight:
+    with Sampler(llama, sampler_config(num_pages=14, mixed_steps=mixed)) as tight:
         out = tight.generate(prompts, params)
-        assert tight.stats()["num_preemptions"] > 0
+        stats = tight.stats()
+        assert stats["num_preemptions"] > 0 and (stats["num_mixed_steps"] > 0) == mixed
     assert tokens(out) == tokens(reference)
     np.testing.assert_allclose([c.log_probs for c in out], [c.log_probs for c in reference], atol=1e-5)
 

@@ -55,12 +55,20 @@ def test_mixed_inputs_pad_decode_rows_and_chunks_apart():
     from rljax.rollout.step_inputs import MixedInputs, pack_step, result_rows
 
     rows = (row([9], 17, range(1, 6)), row([8], 2, [6]), row([7], 0, [2]),  # three decode rows, one step each
-            row([11, 12, 13], 4, [3, 5]))  # one chunk
+            row([11, 12, 13], 4, [3, 5]), row([21, 22, 23, 24, 25], 0, [6, 7]))  # two chunks
     plan = StepPlan(StepKind.MIXED, rows, num_decode_rows=3)
     x = pack_step(plan, BUCKETS)
-    assert isinstance(x, MixedInputs) and x.label == "[4x1+2x4, W=8+4]"
+    assert isinstance(x, MixedInputs) and x.label == "[4x1+16(2x8), W=8+4]"
     np.testing.assert_array_equal(x.decode.n_steps, [1, 1, 1, 0])
-    np.testing.assert_array_equal(x.prefill.tokens, [[11, 12, 13, 0], [0, 0, 0, 0]])
-    np.testing.assert_array_equal(x.prefill.page_table[0], [3, 5, 0, 0])
-    # outputs come back as [4 decode rows + 2 chunk rows]; the plan's rows are 0, 1, 2 and 4
-    np.testing.assert_array_equal(result_rows(plan, x), [0, 1, 2, 4])
+    c = x.chunks  # the chunks flat: 3 + 5 tokens, padded to 16
+    np.testing.assert_array_equal(c.tokens[:9], [11, 12, 13, 21, 22, 23, 24, 25, 0])
+    np.testing.assert_array_equal(c.positions[:8], [4, 5, 6, 0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(c.valid, [True] * 8 + [False] * 8)
+    np.testing.assert_array_equal(c.token_row[:8], [0, 0, 0, 1, 1, 1, 1, 1])
+    np.testing.assert_array_equal(c.token_col[:8], [0, 1, 2, 0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(c.query_index, [[0, 1, 2, 2, 2, 2, 2, 2], [3, 4, 5, 6, 7, 7, 7, 7]])
+    np.testing.assert_array_equal(c.last_index, [2, 7])
+    np.testing.assert_array_equal(c.kv_lens, [7, 5])
+    np.testing.assert_array_equal(c.page_table, [[3, 5, 0, 0], [6, 7, 0, 0]])
+    # outputs come back as [4 decode rows + 2 chunk rows]; the plan's rows are 0, 1, 2, 4 and 5
+    np.testing.assert_array_equal(result_rows(plan, x), [0, 1, 2, 4, 5])
