@@ -62,7 +62,7 @@ def _estimates(cfg, devices: int, hbm_gb: float) -> dict[str, int]:
     plan = make_plan(cfg, devices=devices, device_memory_gb=hbm_gb, backend="tpu")
     out = {"train": plan.total}
     if plan.rollout is not None:
-        out["decode"] = out["prefill"] = plan.rollout.weights_bytes + plan.rollout.kv_bytes
+        out["decode"] = out["prefill"] = out["mixed"] = plan.rollout.weights_bytes + plan.rollout.kv_bytes
         out["handoff"] = 2 * plan.rollout.weights_bytes
     # the union transfer: each chip holds one block of a trainer chip's params (cast as the replicas hold them)
     # in and one out
@@ -73,7 +73,7 @@ def _estimates(cfg, devices: int, hbm_gb: float) -> dict[str, int]:
     return out
 
 
-TRAINER_KINDS, ROLLOUT_KINDS = ("train", "forward"), ("prefill", "decode", "handoff")
+TRAINER_KINDS, ROLLOUT_KINDS = ("train", "forward"), ("prefill", "decode", "mixed", "handoff")
 
 
 def side_lines(compiled, estimates: dict[str, int], trainer_chips: int, rollout_chips: int) -> list[str]:

@@ -48,19 +48,19 @@ from rljax.rollout.handoff import cast_shapes
 from rljax.rollout.kv_cache import CacheShape, cache_sharding
 from rljax.rollout.replicas import ReplicaLayout
 from rljax.rollout.scheduler import StepKind
-from rljax.rollout.step_inputs import DecodeInputs, PrefillInputs, SamplingInputs
+from rljax.rollout.step_inputs import DecodeInputs, MixedInputs, PrefillInputs, RaggedChunks, SamplingInputs
 from rljax.train.setup import load_tokenizer, model_config_from_section
 from rljax.train.steps import init_train_state
 
 # every `Program.kind`, in the order a run's programs are listed
-PROGRAM_KINDS = ("train", "forward", "handoff", "prefill", "decode")
+PROGRAM_KINDS = ("train", "forward", "handoff", "prefill", "decode", "mixed")
 
 
 @dataclass
 class Program:
     """One program of a run, ready to lower.
 
-    kind: one of `PROGRAM_KINDS` (train | forward | handoff | prefill | decode).
+    kind: one of `PROGRAM_KINDS` (train | forward | handoff | prefill | decode | mixed).
     tokens: tokens one call processes (train / forward: rows x length; prefill: padded
         rows x chunk; decode: rows x steps), over all its devices.
     model_flops: matmul FLOPs of those tokens (`ModelConfig.flops_per_token`), 0 for the
@@ -312,7 +312,9 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
     """Prefill and decode (the largest row bucket) programs, both with the widest page
     table, on `mesh`. Prefill: for each chunk bucket a row of `max_model_len` tokens can
     use, the most rows the token budget allows; without `all_buckets` only the first and
-    the last of these (the most rows, the longest chunk)."""
+    the last of these (the most rows, the longest chunk). With `config.mixed_steps`, also
+    the mixed program at its largest: every decode row, and the longest chunk in the
+    budget they leave, with the most rows."""
     dtype = jnp.dtype(config.kv_cache.dtype or compute_dtype)  # as `plan_cache` sizes it
     pool_sharding = cache_sharding(state, model.num_key_value_heads)
     # a 0-layer build (the roofline's) still traces the layer loop's body: give it one layer of pool
@@ -362,6 +364,20 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
     out.append(Program(f"decode [{b}x1 x {steps} steps, W={width}, {decode_kernel} attention]", "decode",
                        fns[StepKind.DECODE], (state, pool, pool, inputs), b * steps,
                        b * steps * model.flops_per_token(length, training=False), n, mesh, kernel_bytes))
+    if config.mixed_steps:
+        left = max(budget - b, buckets.chunk[0])  # what the decode rows leave of the budget
+        fitting = [s for s in shapes if s[0] * s[1] <= left] or [(1, buckets.chunk[0])]
+        rows, chunk = max(fitting, key=lambda s: (s[1], s[0]))
+        tp = buckets.pad_tokens(rows * chunk)
+        chunks = RaggedChunks(arr((tp,), jnp.int32), arr((tp,), jnp.int32), arr((tp,), jnp.bool_),
+                              arr((tp,), jnp.int32), arr((tp,), jnp.int32), arr((rows, chunk), jnp.int32),
+                              arr((rows, width), jnp.int32), arr((rows,), jnp.int32), arr((rows,), jnp.int32),
+                              sampling(rows))
+        out.append(Program(f"mixed [{b}x1 x {steps} steps + {rows}x{chunk} chunk tokens, W={width}, "
+                           f"{decode_kernel} attention]", "mixed", fns[StepKind.MIXED],
+                           (state, pool, pool, MixedInputs(inputs, chunks)), b * steps + rows * chunk,
+                           b * steps * model.flops_per_token(length, training=False)
+                           + rows * chunk * model.flops_per_token(chunk, training=False), n, mesh, kernel_bytes))
     return out
 
 

@@ -149,6 +149,23 @@ def test_quickstart_sampler_programs_compile(quickstart):
 
 
 @needs_libtpu
+def test_the_mixed_program_compiles_with_its_pools_in_place(v5e_2x2):
+    """With `rollout.mixed_steps` the run also has the mixed program (every decode row
+    plus the chunk tokens the budget leaves): it compiles for the TPU, its pools donated
+    and updated in place, and it counts the work of both parts."""
+    cfg = load_config(RLConfig, QUICKSTART, ["model.attention=auto", "rollout.mixed_steps=true"])
+    run = run_programs(cfg, v5e_2x2, num_pages=default_pages(cfg))
+    (program,) = [p for p in run.programs if p.kind == "mixed"]
+    (decode,) = [p for p in run.programs if p.kind == "decode"]
+    assert program.tokens > decode.tokens and program.model_flops > decode.model_flops
+    result = compile_program(program)
+    assert result.error is None, result.error
+    pool = program.args[1]
+    assert result.alias_bytes >= planned_bytes([pool, pool], [pool.sharding, pool.sharding])
+    assert result.flops > 0
+
+
+@needs_libtpu
 def test_a_program_that_does_not_fit_is_one_line(quickstart):
     _, _, compiled = quickstart
     program, result = compiled["decode"]
