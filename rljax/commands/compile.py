@@ -152,7 +152,8 @@ def prepare_rl(cfg, args, tpu, devices) -> Prepared:
     return Prepared(run, lines + run.notes, estimates,
                     lambda kinds: roofline_programs(cfg, train_on, tpu.chip, pages, kinds=kinds,
                                                     replica_devices=replica, rollout_devices=rollout_on),
-                    ("train", "decode"), run.layout.num_replicas if run.layout else 1, after)
+                    ("train", "decode", *(("prefill", "mixed") if cfg.rollout.mixed_steps else ())),
+                    run.layout.num_replicas if run.layout else 1, after)
 
 
 def prepare_supervised(cfg, args, tpu, devices) -> Prepared:

@@ -95,7 +95,7 @@ class Roofline:
     seconds: float  # max(flops / peak, bytes / bandwidth)
     bound: str  # "compute" or "memory"
     mfu: float  # train: model FLOPs per chip / (peak x seconds); else 0
-    tokens_per_s: float  # decode: tokens per call / seconds, per replica; else 0
+    tokens_per_s: float  # decode, prefill, mixed: tokens per call / seconds, per replica; else 0
     kernel_bytes: float = 0.0  # of `bytes`: read inside Pallas kernels (`Program.kernel_bytes`), not by XLA
     kernel_flops: float = 0.0  # of `flops`: inside Pallas kernels (`Program.kernel_flops`), not counted by XLA
 
@@ -109,7 +109,7 @@ def roofline(program: Program, zero: Compiled, one: Compiled, layers: int, chip:
     compute, memory = flops / chip.peak_flops, nbytes / chip.hbm_bandwidth
     seconds = max(compute, memory, 1e-12)
     mfu = program.model_flops / program.devices / (chip.peak_flops * seconds) if program.kind == "train" else 0.0
-    tokens = program.tokens / seconds if program.kind == "decode" else 0.0
+    tokens = program.tokens / seconds if program.kind in ("decode", "prefill", "mixed") else 0.0
     return Roofline(program.name, program.kind, flops, nbytes, seconds, "compute" if compute >= memory else "memory",
                     mfu, tokens, program.kernel_bytes, program.kernel_flops)
 
