@@ -213,8 +213,8 @@ def mixed_forward_and_sample(model: Decoder, k_cache: jax.Array, v_cache: jax.Ar
     bd, (bp, c) = d.tokens.shape[0], ch.query_index.shape
     d_valid = d.n_steps > 0  # [Bd]
     d_pages = write_pages(d.page_table, d.positions[:, None], d_valid[:, None], page_size)[:, 0]  # [Bd]
-    column = jnp.minimum(ch.positions // page_size, ch.page_table.shape[1] - 1)  # [Tp]
-    ch_pages = jnp.where(ch.valid, ch.page_table[ch.token_row, column], 0)  # [Tp]
+    # each chunk token as a one-token row of its own row's page table
+    ch_pages = write_pages(ch.page_table[ch.token_row], ch.positions[:, None], ch.valid[:, None], page_size)[:, 0]
 
     def attend(q, kc, vc, layer):  # q [1, Bd + Tp, N, D]
         q_c = q[0, bd:][ch.query_index]  # [Bp, C, N, D]

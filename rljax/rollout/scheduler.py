@@ -444,9 +444,8 @@ class Scheduler:
                 self._idle_steps = 0
             return None
         self._idle_steps = 0
-        kind = StepKind.PREFILL if not decode else StepKind.DECODE if not prefill else StepKind.MIXED
-        if self.config.mixed_steps and prefill:
-            kind = StepKind.MIXED
+        # split steps never pair decode rows with chunks; with mixed steps every prefill call is mixed
+        kind = (StepKind.MIXED if self.config.mixed_steps else StepKind.PREFILL) if prefill else StepKind.DECODE
         waiting = 0 if kind is not StepKind.PREFILL else sum(not s.needs_prefill for s in self.running)
         self.stats.num_stalled_calls += waiting > 0
         plan = StepPlan(kind, tuple([self._row(seq, n, True) for seq, n in decode] +

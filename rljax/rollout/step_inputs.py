@@ -111,8 +111,8 @@ class MixedInputs:
 StepInputs = PrefillInputs | DecodeInputs | MixedInputs
 
 
-def _page_table(rows: Sequence[Row], b: int, buckets: Buckets, width: int | None = None) -> np.ndarray:
-    w = width or buckets.pad_width(max(len(r.pages) for r in rows))
+def _page_table(rows: Sequence[Row], b: int, buckets: Buckets) -> np.ndarray:
+    w = buckets.pad_width(max((len(r.pages) for r in rows), default=1))
     page_table = np.zeros((b, w), np.int32)  # [B, W]
     for i, r in enumerate(rows):
         page_table[i, : len(r.pages)] = r.pages
@@ -161,7 +161,7 @@ def pack_prefill(rows: Sequence[Row], buckets: Buckets) -> PrefillInputs:
                          _sampling(rows, b))
 
 
-def pack_decode(rows: Sequence[Row], buckets: Buckets, width: int | None = None) -> DecodeInputs:
+def pack_decode(rows: Sequence[Row], buckets: Buckets) -> DecodeInputs:
     b = buckets.pad_rows(max(len(rows), 1))
     tokens = np.zeros(b, np.int32)
     positions = np.zeros(b, np.int32)
@@ -170,13 +170,12 @@ def pack_decode(rows: Sequence[Row], buckets: Buckets, width: int | None = None)
         (tokens[i],) = r.tokens
         positions[i] = r.start
         n_steps[i] = r.num_steps
-    return DecodeInputs(tokens, positions, _page_table(rows, b, buckets, width), n_steps, _sampling(rows, b))
+    return DecodeInputs(tokens, positions, _page_table(rows, b, buckets), n_steps, _sampling(rows, b))
 
 
 def pack_mixed(rows: Sequence[Row], num_decode: int, buckets: Buckets) -> MixedInputs:
     """The first `num_decode` rows decode, the rest are chunks."""
-    decode = pack_decode(rows[:num_decode], buckets, None if num_decode else buckets.width[0])
-    return MixedInputs(decode, pack_chunks(rows[num_decode:], buckets))
+    return MixedInputs(pack_decode(rows[:num_decode], buckets), pack_chunks(rows[num_decode:], buckets))
 
 
 def pack_chunks(rows: Sequence[Row], buckets: Buckets) -> RaggedChunks:
