@@ -5,10 +5,11 @@ step's attention for one layer at a Qwen2.5-0.5B-like shape (14 query heads, 2 k
 64 decode rows, 2048-token page tables of 16-token pages, 24 layers of pool, bf16), with
 head_dim 64 (Qwen2.5-0.5B's own) and 128:
 
-  paged    `jax.experimental.pallas.ops.tpu.paged_attention` on rljax's pool
-           `[K, L, P, S, D]` viewed as `[K, L*P, S, D]` (what `attention: pallas_tpu` runs)
+  paged    `jax.experimental.pallas.ops.tpu.paged_attention` on separate key and value
+           pools `[K, L, P, S, D]` viewed as `[K, L*P, S, D]`
   ragged   `jax.experimental.pallas.ops.tpu.ragged_paged_attention` (mixed prefill +
-           decode rows) on the `[L*P, S, 2K, D]` combined K/V pool it requires
+           decode rows) on the `[L*P, S, 2K, D]` combined K/V pool it requires (rljax's
+           pool, `[L, P, S, 2K, D]`, and what `attention: pallas_tpu` runs)
   xla      the reference: gather the pages through the table, mask, attend
 
 and prints what the compiler reports (`cost_analysis`: FLOPs and HBM bytes, which are 0

@@ -10,7 +10,7 @@ the cap) is sampled by:
   own tp devices, with 1 / dp of the pages.
 
 Per layout: generated tokens per device, KV pool bytes per device (measured from the
-pools' `addressable_shards`), weight bytes per device (measured the same way), the
+pool's `addressable_shards`), weight bytes per device (measured the same way), the
 decode program's per-device FLOPs from XLA's cost analysis of the compiled SPMD program
 (summed over the decode calls the run made; XLA counts a loop's body once, so each call
 counts one decode step of one layer plus embedding, head and sampling: a comparison
@@ -181,7 +181,7 @@ def main(args) -> int:
     completions = sampler.generate(prompts, params)
     seconds = time.perf_counter() - start
     pool = sampler.engine.device.pool
-    kv = measured_bytes([pool.k, pool.v])
+    kv = measured_bytes([pool.kv])
     weights = measured_bytes(sampler.engine.state)
     tokens["train-mesh"] = [c.token_ids for c in completions]
     rows.append({"layout": "train-mesh (tp=0)", "devices": n_dev, "replicas": 1, "tp": 0,
@@ -215,7 +215,7 @@ def main(args) -> int:
         measured = [sum(len(c.token_ids) for c in part) for part in _split(result.samples, shares, args.n)]
         if measured != per_replica:
             raise RuntimeError(f"replica tokens {measured}, expected {per_replica} (every sample runs to the cap)")
-        kv = measured_bytes([[s.engine.device.pool.k, s.engine.device.pool.v] for s in rollout.samplers.values()])
+        kv = measured_bytes([s.engine.device.pool.kv for s in rollout.samplers.values()])
         weights = measured_bytes([s.engine.state for s in rollout.samplers.values()])
         name = f"replicas {dp}x{tp}"
         tokens[name] = [c.token_ids for c in result.samples]

@@ -5,10 +5,10 @@ ids, per-token log_probs, finish reason), synchronously (`generate`) or to many
 concurrent asyncio callers (`generate_async`), and takes the trainer's parameters with
 `update_params`. Module map: params.py (requests / results), config.py, buckets.py
 (compiled sizes), pages.py (page allocator + tables, host), prefix_cache.py,
-scheduler.py (admission, pages, preemption: host code, no JAX), kv_cache.py (device
-pools), attention.py (paged attention: reference + Pallas kernel), sampling.py
+scheduler.py (admission, pages, preemption: host code, no JAX), kv_cache.py (the device
+pool), attention.py (paged attention: references, Pallas and TPU kernels), sampling.py
 (temperature / top-k / top-p / min-p), step_inputs.py (typed, padded call inputs),
-forward.py (the paged forward), device_step.py (parameters + pools + compiled
+forward.py (the paged forward), device_step.py (parameters + pool + compiled
 programs), engine.py (scheduler + device step), sampler.py (public API, engine thread).
 """
 

@@ -1,29 +1,46 @@
 """Attention over a paged KV cache.
 
-Every function here takes
-  q            `[B, T, N, D]`   queries of the tokens being computed this step,
-  k_cache      `[K, L, P, S, D]` the whole key pool (all layers), v_cache likewise,
-  layer        int32 scalar      which layer's pages to read,
-  page_table   `[B, W]` int32    each row's pages in order (unused entries: page 0),
-  q_positions  `[B, T]` int32    the position of every query token,
-  kv_lens      `[B]` int32       tokens in the cache for each row (this step's included),
+Every paged attention function here takes
+  q            `[B, T, N, D]`     queries of the tokens being computed this step,
+  kv_cache     `[L, P, S, 2K, D]` the whole pool (all layers; keys and values interleaved
+                                  per kv head, `rljax.rollout.kv_cache`),
+  layer        int32 scalar        which layer's pages to read,
+  page_table   `[B, W]` int32      each row's pages in order (unused entries: page 0),
+  q_positions  `[B, T]` int32      the position of every query token,
+  kv_lens      `[B]` int32         tokens in the cache for each row (this step's included),
 and returns `[B, T, N, D]`. Query t of row b sees key position s iff s <= q_positions[b, t]
 and s < kv_lens[b]. The current step's keys are written to the pool before attention.
+A row's real queries are its first ones, at consecutive positions; padding queries follow
+(their outputs are dropped).
+
+A ragged attention function takes the queries of several sequences back to back instead,
+as the TPU ragged paged-attention kernel does:
+  q            `[T, N, D]`         sequence r's queries are `q[cu_q_lens[r]:cu_q_lens[r+1]]`,
+                                   the last `q_len` tokens of its `kv_lens[r]`,
+  kv_cache, layer                  as above,
+  page_table   `[R, W]`, kv_lens `[R]`, cu_q_lens `[R + 1]`, num_seqs `[1]` (sequences
+                                   past `num_seqs` and queries past `cu_q_lens[num_seqs]`
+                                   are padding: outputs unspecified),
+and returns `[T, N, D]`.
 
 `paged_attention_reference` is the oracle: it gathers the pages through the page table
 into a dense `[B, W*S, K, D]` view and runs the training forward's own attention
 (`rljax.models.attention.xla_attention`) under a position mask, so the sampler's logits
-match the trainer's. `paged_decode_attention_pallas` is a Pallas kernel (Triton-style,
-for GPUs) for decode steps (T == 1) that walks only the pages a sequence owns, with an
-online softmax; on other backends it runs in Pallas interpret mode (for tests).
-`paged_decode_attention_tpu` runs JAX's TPU paged-attention kernel on the pool in place
-(TPU interpret mode off TPU). `decode_attention(name)` picks one (registry
-`DECODE_ATTENTION`; "auto": `choose_decode_attention`).
+match the trainer's. `ragged_attention_reference` is the same for the ragged form.
+`paged_decode_attention_pallas` is a Pallas kernel (Triton-style, for GPUs) for decode
+steps (T == 1) that walks only the pages a sequence owns, with an online softmax; on other
+backends it runs in Pallas interpret mode (for tests). `ragged_attention_tpu` runs JAX's
+TPU ragged paged-attention kernel on the pool in place, for decode, prefill and mixed
+steps alike (off a TPU, where the kernel cannot run, the ragged reference on the same
+arguments). `paged_attention(name)` picks one set (registry `PAGED_ATTENTION`; "auto":
+`choose_paged_attention`).
 """
 
 from __future__ import annotations
 
 import functools
+import math
+from dataclasses import dataclass
 from typing import Callable
 
 import jax
@@ -32,15 +49,16 @@ from jax.experimental import pallas as pl
 
 from rljax.models.attention import target_backend, xla_attention
 
-PagedAttentionFn = Callable[..., jax.Array]
+PagedAttentionFn = Callable[..., jax.Array]  # (q, kv_cache, layer, page_table, q_positions, kv_lens) -> out
+RaggedAttentionFn = Callable[..., jax.Array]  # (q, kv_cache, layer, page_table, cu_q_lens, kv_lens, num_seqs)
 
 
 def _layer_pages(cache: jax.Array, layer: jax.Array, page_table: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The pool `[K, L, P, S, D]` viewed as `[K, L*P, S, D]` (a free reshape) and page ids
-    offset into `layer`'s block (`layer * P + page`), so a layer's pages are read without
-    slicing the layer out."""
-    kv_heads, num_layers, num_pages = cache.shape[:3]
-    flat = cache.reshape(kv_heads, num_layers * num_pages, *cache.shape[3:])
+    """The pool `[L, P, S, 2K, D]` viewed as `[L*P, S, 2K, D]` (a free reshape) and page
+    ids offset into `layer`'s block (`layer * P + page`), so a layer's pages are read
+    without slicing the layer out."""
+    num_layers, num_pages = cache.shape[:2]
+    flat = cache.reshape(num_layers * num_pages, *cache.shape[2:])
     return flat, page_table + layer.astype(page_table.dtype) * num_pages
 
 
@@ -57,30 +75,68 @@ def _pad_to_blocks(ids: jax.Array, layer: jax.Array, num_pages: int, block: int)
     return jnp.concatenate([ids, jnp.full((b, width - w), null, jnp.int32)], axis=1)
 
 
-def gather_kv(cache: jax.Array, layer: jax.Array, page_table: jax.Array) -> jax.Array:
-    """A dense `[B, W*S, K, D]` view of each row's cached keys (or values)."""
+def split_kv(pages: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Keys and values `[..., K, D]` each from interleaved `[..., 2K, D]`."""
+    *lead, two_k, d = pages.shape
+    pairs = pages.reshape(*lead, two_k // 2, 2, d)
+    return pairs[..., 0, :], pairs[..., 1, :]
+
+
+def interleave_kv(k: jax.Array, v: jax.Array) -> jax.Array:
+    """`[..., 2K, D]` from keys and values `[..., K, D]` (key 2h, value 2h + 1)."""
+    *lead, kv_heads, d = k.shape
+    return jnp.stack([k, v], axis=-2).reshape(*lead, 2 * kv_heads, d)
+
+
+def gather_kv(cache: jax.Array, layer: jax.Array, page_table: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Dense `[B, W*S, K, D]` views of each row's cached keys and values."""
     flat, ids = _layer_pages(cache, layer, page_table)
-    b, w = page_table.shape
-    pages = flat[:, ids]  # [K, B, W, S, D]
-    kv_heads, _, _, s, d = pages.shape
-    return pages.transpose(1, 2, 3, 0, 4).reshape(b, w * s, kv_heads, d)
+    pages = flat[ids]  # [B, W, S, 2K, D]
+    b, w, s = pages.shape[:3]
+    return split_kv(pages.reshape(b, w * s, *pages.shape[3:]))
 
 
 def paged_attention_reference(
     q: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
+    kv_cache: jax.Array,
     layer: jax.Array,
     page_table: jax.Array,
     q_positions: jax.Array,
     kv_lens: jax.Array,
 ) -> jax.Array:
     """Gather the pages, mask by position and length, and attend (plain jnp)."""
-    k = gather_kv(k_cache, layer, page_table).astype(q.dtype)
-    v = gather_kv(v_cache, layer, page_table).astype(q.dtype)
+    k, v = gather_kv(kv_cache, layer, page_table)
     key_pos = jnp.arange(k.shape[1], dtype=jnp.int32)
     mask = (key_pos[None, None, :] <= q_positions[:, :, None]) & (key_pos[None, None, :] < kv_lens[:, None, None])
-    return xla_attention(q, k, v, mask)
+    return xla_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask)
+
+
+def ragged_attention_reference(
+    q: jax.Array,
+    kv_pages: jax.Array,
+    kv_lens: jax.Array,
+    page_indices: jax.Array,
+    cu_q_lens: jax.Array,
+    num_seqs: jax.Array,
+) -> jax.Array:
+    """Ragged paged attention in plain jnp, with the TPU kernel's arguments: q `[T, N, D]`,
+    kv_pages `[pages, S, 2K, D]`, page_indices `[R, W]` into it. Query i of sequence r
+    (`cu_q_lens[r] + i`) sits at position `kv_lens[r] - q_len + i` and sees the keys at
+    positions up to its own. Each query gathers its sequence's pages (`[T, W*S, 2K, D]`):
+    a test oracle and the CPU path, not for long sequences. Queries past
+    `cu_q_lens[num_seqs]` get zeros."""
+    t = q.shape[0]
+    r, w = page_indices.shape
+    token = jnp.arange(t, dtype=jnp.int32)
+    seq = jnp.clip(jnp.searchsorted(cu_q_lens, token, side="right") - 1, 0, r - 1)  # [T] each query's sequence
+    kv_len = kv_lens[seq]  # [T]
+    position = kv_len - (cu_q_lens[seq + 1] - token)  # [T]
+    pages = kv_pages[page_indices[seq]]  # [T, W, S, 2K, D]
+    k, v = split_kv(pages.reshape(t, w * pages.shape[2], *pages.shape[3:]))  # [T, W*S, K, D] each
+    key_pos = jnp.arange(k.shape[1], dtype=jnp.int32)
+    mask = (key_pos[None, :] <= position[:, None]) & (key_pos[None, :] < kv_len[:, None])  # [T, W*S]
+    out = xla_attention(q[:, None], k.astype(q.dtype), v.astype(q.dtype), mask[:, None, :])[:, 0]  # [T, N, D]
+    return jnp.where((token < cu_q_lens[num_seqs[0]])[:, None, None], out, 0).astype(q.dtype)
 
 
 # ---- Pallas decode kernel --------------------------------------------------------------
@@ -143,8 +199,7 @@ def check_pallas_shapes(head_dim: int, page_size: int) -> None:
 @functools.partial(jax.jit, static_argnames=("interpret",))
 def paged_decode_attention_pallas(
     q: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
+    kv_cache: jax.Array,
     layer: jax.Array,
     page_table: jax.Array,
     q_positions: jax.Array,
@@ -155,24 +210,26 @@ def paged_decode_attention_pallas(
     """Decode attention (T == 1) as a Pallas kernel reading the pool in place.
 
     The grid is (batch, kv_heads); each program reads only the `ceil(kv_len / S)` pages
-    of its sequence. Grouped-query heads that share a kv head are one `[G, D]` block.
-    `q_positions` is unused: for a decode token the causal bound equals `kv_len`."""
+    of its sequence, the keys and the values of its kv head (columns `2h` and `2h + 1` of
+    the pool's `2K` axis, strided reads). Grouped-query heads that share a kv head are one
+    `[G, D]` block. `q_positions` is unused: for a decode token the causal bound equals
+    `kv_len`."""
     del q_positions
     from jax.experimental.pallas import triton as plgpu
 
     b, t, n, d = q.shape
     if t != 1:
         raise ValueError(f"the Pallas kernel handles decode steps (T == 1), got T={t}")
-    flat_k, ids = _layer_pages(k_cache, layer, page_table)
-    flat_v, _ = _layer_pages(v_cache, layer, page_table)
-    kv_heads, total_pages, page_size, _ = flat_k.shape
+    flat, ids = _layer_pages(kv_cache, layer, page_table)  # [L*P, S, 2K, D], [B, W]
+    total_pages, page_size, two_k, _ = flat.shape
+    kv_heads = two_k // 2
     groups = n // kv_heads
     g_pad = max(_MIN_BLOCK, pl.next_power_of_2(groups))
     qh = q.reshape(b, kv_heads, groups, d)
     if g_pad != groups:
         qh = jnp.pad(qh, ((0, 0), (0, 0), (0, g_pad - groups), (0, 0)))
     pages_per_block = _pages_per_block(page_table.shape[1], page_size)
-    ids = _pad_to_blocks(ids, layer, k_cache.shape[2], pages_per_block)
+    ids = _pad_to_blocks(ids, layer, kv_cache.shape[1], pages_per_block)
     width = ids.shape[1]
     kernel = functools.partial(_decode_kernel, pages_per_block=pages_per_block, scale=d**-0.5, dot=plgpu.dot)
     out = pl.pallas_call(
@@ -180,8 +237,8 @@ def paged_decode_attention_pallas(
         grid=(b, kv_heads),
         in_specs=[
             pl.BlockSpec((None, None, g_pad, d), lambda i, h: (i, h, 0, 0)),
-            pl.BlockSpec((None, total_pages, page_size, d), lambda i, h: (h, 0, 0, 0)),
-            pl.BlockSpec((None, total_pages, page_size, d), lambda i, h: (h, 0, 0, 0)),
+            pl.BlockSpec((total_pages, page_size, None, d), lambda i, h: (0, 0, 2 * h, 0)),  # head h's keys
+            pl.BlockSpec((total_pages, page_size, None, d), lambda i, h: (0, 0, 2 * h + 1, 0)),  # its values
             pl.BlockSpec((None, width), lambda i, h: (i, 0)),
             pl.BlockSpec((None, 1), lambda i, h: (i, 0)),
         ],
@@ -190,142 +247,168 @@ def paged_decode_attention_pallas(
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
         name="rljax_paged_decode_attention",
-    )(qh, flat_k, flat_v, ids, kv_lens.astype(jnp.int32)[:, None])
+    )(qh, flat, flat, ids, kv_lens.astype(jnp.int32)[:, None])
     return out[:, :, :groups, :].reshape(b, 1, n, d)
 
 
-# ---- the TPU paged-attention kernel ----------------------------------------------------
+# ---- the TPU ragged paged-attention kernel ---------------------------------------------
 
 TPU_LANES = 128  # a TPU vector register's lane count: the kernel's last (head_dim) axis tiles by it
-TPU_BLOCK_KEYS = 256  # keys per kernel block (pages_per_compute_block x page_size), about
+TPU_BLOCK_KEYS = 256  # keys per kernel block (num_kv_pages_per_block x page_size), about
+TPU_BLOCK_QUERIES = 32  # queries per kernel block, at most
 
 
 def tpu_pages_per_block(width: int, page_size: int) -> int:
-    """`pages_per_compute_block` for the TPU kernel: about `TPU_BLOCK_KEYS` keys per
-    block, a power of two, no more than the (power-of-two-padded) page-table width."""
+    """`num_kv_pages_per_block` for the TPU kernel: about `TPU_BLOCK_KEYS` keys per block,
+    a power of two, no more than the (power-of-two-padded) page-table width."""
     return max(1, min(pl.next_power_of_2(max(1, TPU_BLOCK_KEYS // page_size)), pl.next_power_of_2(width)))
 
 
+def tpu_queries_per_block(tokens: int) -> int:
+    """`num_queries_per_block`: the largest power of two up to `TPU_BLOCK_QUERIES` that
+    divides the query count, so the blocks tile the queries exactly."""
+    return math.gcd(tokens, TPU_BLOCK_QUERIES)
+
+
 def check_tpu_shapes(head_dim: int) -> None:
-    """On a TPU the kernel's `[page_size, head_dim]` tiles put head_dim on the 128 lanes."""
+    """On a TPU the kernel puts head_dim on the 128 lanes (its softmax statistics are
+    128-lane tiles of the same rows)."""
     if head_dim % TPU_LANES:
         raise ValueError(f"attention='pallas_tpu' needs head_dim a multiple of {TPU_LANES} on a TPU, got {head_dim} "
                          "(use attention=auto or reference)")
 
 
-def paged_decode_attention_tpu(
+def ragged_attention_tpu(
     q: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
+    kv_cache: jax.Array,
+    layer: jax.Array,
+    page_table: jax.Array,
+    cu_q_lens: jax.Array,
+    kv_lens: jax.Array,
+    num_seqs: jax.Array,
+    *,
+    on_tpu: bool = True,
+    mesh=None,
+) -> jax.Array:
+    """Ragged attention with JAX's TPU ragged paged-attention kernel
+    (`jax.experimental.pallas.ops.tpu.ragged_paged_attention`: decode rows, prefill chunks
+    and mixes of both in one call; per query block it walks the sequences the block holds
+    and DMAs `num_kv_pages_per_block` pages at a time, double-buffered, up to each
+    sequence's length). It takes `[pages, S, 2K, D]`: our pool `[L, P, S, 2K, D]` reshaped
+    (free) to `[L*P, S, 2K, D]` with the layer's page ids offset by `layer * P`, so the
+    pool is read in place. The page table is padded with the layer's null page to a
+    multiple of the block, and lengths are clamped to the padded table.
+
+    `on_tpu=False`: `ragged_attention_reference` on the same arguments (TPU interpret
+    mode cannot run this kernel). `mesh`: where the pool lives. On a mesh of several
+    devices the kernel runs per shard in `shard_map` (GSPMD cannot partition a Mosaic
+    call): kv heads (and their query heads) split over "tensor" when the pool is
+    (`cache_sharding`), whole on every device otherwise. The kernel's grid is sequential
+    ("arbitrary"), so on a megacore chip (v4, v5p) it runs on one of the two TensorCores."""
+    t, _, d = q.shape
+    flat, ids = _layer_pages(kv_cache, layer, page_table)  # [L*P, S, 2K, D], [R, W]
+    page_size = flat.shape[1]
+    block = tpu_pages_per_block(ids.shape[1], page_size)
+    ids = _pad_to_blocks(ids, layer, kv_cache.shape[1], block)
+    lengths = jnp.minimum(kv_lens.astype(jnp.int32), ids.shape[1] * page_size)
+    if on_tpu:
+        from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
+        kernel = functools.partial(ragged_paged_attention, sm_scale=d**-0.5, num_kv_pages_per_block=block,
+                                   num_queries_per_block=tpu_queries_per_block(t))
+    else:
+        kernel = ragged_attention_reference
+    if mesh is not None and mesh.size > 1:  # a Mosaic call is never partitioned by GSPMD: run it per shard
+        tensor = mesh.shape.get("tensor", 1)
+        heads = "tensor" if tensor > 1 and (flat.shape[2] // 2) % tensor == 0 else None  # as `cache_sharding` splits
+        P = jax.sharding.PartitionSpec
+        kernel = jax.shard_map(kernel, mesh=mesh, check_vma=False,
+                               in_specs=(P(None, heads, None), P(None, None, heads, None), P(), P(), P(), P()),
+                               out_specs=P(None, heads, None))
+    return kernel(q, flat, lengths, ids, cu_q_lens.astype(jnp.int32), num_seqs.astype(jnp.int32))
+
+
+def paged_attention_tpu(
+    q: jax.Array,
+    kv_cache: jax.Array,
     layer: jax.Array,
     page_table: jax.Array,
     q_positions: jax.Array,
     kv_lens: jax.Array,
     *,
-    interpret: bool = False,
+    on_tpu: bool = True,
     mesh=None,
-    cores: int = 1,
 ) -> jax.Array:
-    """Decode attention (T == 1) with JAX's TPU paged-attention kernel
-    (`jax.experimental.pallas.ops.tpu.paged_attention`, a flash-decoding kernel that DMAs
-    `pages_per_compute_block` pages of one kv head at a time from HBM, double-buffered,
-    and skips blocks past each row's length). It takes `[K, pages, S, D]` pools: ours,
-    `[K, L, P, S, D]`, reshaped (free) to `[K, L*P, S, D]` with the layer's page ids
-    offset by `layer * P`, so the pool is read in place. The kernel does not scale
-    scores: q is multiplied by 1/sqrt(D) first. Grouped-query heads are native (the
-    kernel groups N // K query heads per kv head). The page table is padded with the
-    layer's null page to a multiple of the block. The kernel reads K / V through bfloat16
-    (it casts the loaded pages), exact for the bfloat16 pools a run uses.
-
-    `mesh`: where the pools live. On a mesh of several devices the kernel runs per shard
-    in `shard_map` (GSPMD cannot partition a Mosaic call): kv heads (and their query
-    heads) split over "tensor" when the pools are (`cache_sharding`), whole on every
-    device otherwise. `cores`: TensorCores per device (2 on megacore chips, v4 / v5p):
-    with 2 the kernel's grid splits kv heads (or rows, when the shard has one kv head)
-    over both cores (`megacore_mode`), which the kernel says to set only on such chips.
-    `interpret`: TPU interpret mode (CPU tests), simulating `cores` cores."""
-    from jax.experimental.pallas import tpu as pltpu
-    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
-
-    del q_positions  # a decode token's causal bound is kv_len
+    """`[B, T]` rows (decode steps, prefill chunks) through `ragged_attention_tpu`, each
+    row one sequence of T queries. The kernel puts a sequence's queries at the last T
+    positions of its length, so row b's length is `q_positions[b, 0] + T`: its real
+    queries sit at their own positions (and see only keys up to them), its padding
+    queries after them. The page table gets `ceil((T - 1) / S)` more null columns so those
+    positions stay inside it. `kv_lens` is unused: a real query's bound is its position."""
+    del kv_lens
     b, t, n, d = q.shape
-    if t != 1:
-        raise ValueError(f"the TPU paged kernel handles decode steps (T == 1), got T={t}")
-    flat_k, ids = _layer_pages(k_cache, layer, page_table)  # [K, L*P, S, D], [B, W]
-    flat_v, _ = _layer_pages(v_cache, layer, page_table)
-    page_size = flat_k.shape[2]
-    block = tpu_pages_per_block(ids.shape[1], page_size)
-    ids = _pad_to_blocks(ids, layer, k_cache.shape[2], block)
-    qs = q[:, 0] * jnp.asarray(d**-0.5, q.dtype)  # [B, N, D]
-    lengths = kv_lens.astype(jnp.int32)
-
-    def kernel(qs, flat_k, flat_v, lengths, ids):  # per shard
-        megacore = None
-        if cores == 2:
-            megacore = "kv_head" if flat_k.shape[0] % 2 == 0 else "batch" if qs.shape[0] % 2 == 0 else None
-        return paged_attention(qs, flat_k, flat_v, lengths, ids, pages_per_compute_block=block,
-                               megacore_mode=megacore)
-
-    if mesh is not None and mesh.size > 1:  # a Mosaic call is never partitioned by GSPMD: run it per shard
-        tensor = mesh.shape.get("tensor", 1)
-        heads = "tensor" if tensor > 1 and flat_k.shape[0] % tensor == 0 else None  # as `cache_sharding` splits
-        P = jax.sharding.PartitionSpec
-        kernel = jax.shard_map(kernel, mesh=mesh, check_vma=False,
-                               in_specs=(P(None, heads, None), P(heads), P(heads), P(), P()),
-                               out_specs=P(None, heads, None))
-    if interpret:
-        with pltpu.force_tpu_interpret_mode(pltpu.InterpretParams(num_cores_or_threads=cores)):
-            out = kernel(qs, flat_k, flat_v, lengths, ids)
-    else:
-        out = kernel(qs, flat_k, flat_v, lengths, ids)
-    return out[:, None].astype(q.dtype)  # [B, 1, N, D]
+    extra = -(-(t - 1) // kv_cache.shape[2])
+    if extra:
+        page_table = jnp.pad(page_table, ((0, 0), (0, extra)))  # page 0: the null page
+    cu_q_lens = jnp.arange(b + 1, dtype=jnp.int32) * t
+    out = ragged_attention_tpu(q.reshape(b * t, n, d), kv_cache, layer, page_table, cu_q_lens,
+                               q_positions[:, 0] + t, jnp.full((1,), b, jnp.int32), on_tpu=on_tpu, mesh=mesh)
+    return out.reshape(b, t, n, d)
 
 
-# ---- the decode attention a sampler runs, by name --------------------------------------
-
-DecodeAttentionFactory = Callable[[int, int, object], PagedAttentionFn]  # (head_dim, page_size, mesh) -> fn
-DECODE_ATTENTION: dict[str, DecodeAttentionFactory] = {}
+# ---- the attention a sampler runs, by name ---------------------------------------------
 
 
-def register_decode_attention(name: str):
-    def wrap(factory: DecodeAttentionFactory) -> DecodeAttentionFactory:
-        if name in DECODE_ATTENTION:
-            raise ValueError(f"decode attention {name!r} is registered twice")
-        DECODE_ATTENTION[name] = factory
+@dataclass(frozen=True)
+class PagedAttention:
+    """The attention one sampler's programs run: `decode` for decode steps (T == 1),
+    `prefill` for prefill chunks, and `ragged`, where the implementation has one, for a
+    mixed step's decode rows and chunks in one call (without it a mixed step runs `decode`
+    on its decode rows and `prefill` on its chunks)."""
+
+    name: str
+    decode: PagedAttentionFn
+    prefill: PagedAttentionFn
+    ragged: RaggedAttentionFn | None = None
+
+
+PagedAttentionFactory = Callable[[int, int, object], PagedAttention]  # (head_dim, page_size, mesh) -> attention
+PAGED_ATTENTION: dict[str, PagedAttentionFactory] = {}
+
+
+def register_paged_attention(name: str):
+    def wrap(factory: PagedAttentionFactory) -> PagedAttentionFactory:
+        if name in PAGED_ATTENTION:
+            raise ValueError(f"paged attention {name!r} is registered twice")
+        PAGED_ATTENTION[name] = factory
         return factory
 
     return wrap
 
 
-@register_decode_attention("reference")
-def _reference(head_dim: int, page_size: int, mesh) -> PagedAttentionFn:
-    return paged_attention_reference
+@register_paged_attention("reference")
+def _reference(head_dim: int, page_size: int, mesh) -> PagedAttention:
+    return PagedAttention("reference", paged_attention_reference, paged_attention_reference)
 
 
-@register_decode_attention("pallas")
-def _pallas_gpu(head_dim: int, page_size: int, mesh) -> PagedAttentionFn:
+@register_paged_attention("pallas")
+def _pallas_gpu(head_dim: int, page_size: int, mesh) -> PagedAttention:
     check_pallas_shapes(head_dim, page_size)
-    return functools.partial(paged_decode_attention_pallas, interpret=target_backend() != "gpu")
+    decode = functools.partial(paged_decode_attention_pallas, interpret=target_backend() != "gpu")
+    return PagedAttention("pallas", decode, paged_attention_reference)
 
 
-def tensor_cores(mesh) -> int:
-    """TensorCores per device of `mesh` (default: this process's first device): 2 on
-    megacore chips (v4, v5p), 1 otherwise. libtpu's topology devices report it too."""
-    device = next(iter(mesh.devices.flat)) if mesh is not None else jax.devices()[0]
-    return int(getattr(device, "num_cores", 1) or 1) if device.platform == "tpu" else 1
-
-
-@register_decode_attention("pallas_tpu")
-def _pallas_tpu(head_dim: int, page_size: int, mesh) -> PagedAttentionFn:
+@register_paged_attention("pallas_tpu")
+def _pallas_tpu(head_dim: int, page_size: int, mesh) -> PagedAttention:
     on_tpu = target_backend() == "tpu"
     if on_tpu:
         check_tpu_shapes(head_dim)
-    cores = tensor_cores(mesh) if on_tpu else 1
-    return functools.partial(paged_decode_attention_tpu, interpret=not on_tpu, mesh=mesh, cores=cores)
+    rows = functools.partial(paged_attention_tpu, on_tpu=on_tpu, mesh=mesh)
+    return PagedAttention("pallas_tpu", rows, rows, functools.partial(ragged_attention_tpu, on_tpu=on_tpu, mesh=mesh))
 
 
-def choose_decode_attention(backend: str, head_dim: int) -> str:
-    """What `auto` runs: the TPU paged kernel on a TPU when head_dim fills the 128 lanes
+def choose_paged_attention(backend: str, head_dim: int) -> str:
+    """What `auto` runs: the TPU ragged kernel on a TPU when head_dim fills the 128 lanes
     (`check_tpu_shapes`), else the reference. The GPU kernel ("pallas") is not chosen:
     it matches the reference in interpret mode and lowers to Triton, but has not been
     run on a GPU here (tests/rollout/test_attention.py runs it when one is present)."""
@@ -334,16 +417,16 @@ def choose_decode_attention(backend: str, head_dim: int) -> str:
     return "reference"
 
 
-def resolve_decode_attention(name: str, head_dim: int) -> str:
+def resolve_paged_attention(name: str, head_dim: int) -> str:
     """`name`, or for "auto" what it runs on the platform being compiled for."""
-    return choose_decode_attention(target_backend(), head_dim) if name == "auto" else name
+    return choose_paged_attention(target_backend(), head_dim) if name == "auto" else name
 
 
-def decode_attention(name: str, head_dim: int, page_size: int, mesh=None) -> PagedAttentionFn:
-    """The attention used by decode steps for a `SamplerConfig.attention` value, for the
-    platform being compiled for (`target_backend`). `mesh`: where the pools live (their
-    `NamedSharding`'s mesh), for the kernels that run per shard."""
-    name = resolve_decode_attention(name, head_dim)
-    if name not in DECODE_ATTENTION:
-        raise ValueError(f"unknown paged attention {name!r}; choose auto | {' | '.join(DECODE_ATTENTION)}")
-    return DECODE_ATTENTION[name](head_dim, page_size, mesh)
+def paged_attention(name: str, head_dim: int, page_size: int, mesh=None) -> PagedAttention:
+    """The attention for a `SamplerConfig.attention` value, for the platform being
+    compiled for (`target_backend`). `mesh`: where the pool lives (its `NamedSharding`'s
+    mesh), for the kernels that run per shard."""
+    name = resolve_paged_attention(name, head_dim)
+    if name not in PAGED_ATTENTION:
+        raise ValueError(f"unknown paged attention {name!r}; choose auto | {' | '.join(PAGED_ATTENTION)}")
+    return PAGED_ATTENTION[name](head_dim, page_size, mesh)

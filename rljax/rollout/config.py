@@ -41,7 +41,7 @@ class KVCacheConfig:
         check_config(self)
 
 
-Attention = Literal["auto", "reference", "pallas", "pallas_tpu"]  # rljax.rollout.attention.DECODE_ATTENTION
+Attention = Literal["auto", "reference", "pallas", "pallas_tpu"]  # rljax.rollout.attention.PAGED_ATTENTION
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,13 @@ class SamplerConfig:
     """The rollout engine. Checked at construction (`check_config`): a bad value is a
     `ConfigError` naming the field.
 
-    attention: decode attention (prefill always runs the reference). "reference" (plain
-        jnp gather + mask, the oracle), "pallas" (a Pallas decode kernel for GPU,
-        interpreted elsewhere), "pallas_tpu" (JAX's TPU paged-attention kernel on the
-        pool in place; head_dim a multiple of 128 on a TPU; TPU interpret mode
-        elsewhere), or "auto": pallas_tpu on a TPU when head_dim % 128 == 0, else the
-        reference (`rljax.rollout.attention.choose_decode_attention`).
+    attention: paged attention. "reference" (plain jnp gather + mask, the oracle),
+        "pallas" (a Pallas decode kernel for GPU, interpreted elsewhere; prefill runs the
+        reference), "pallas_tpu" (JAX's TPU ragged paged-attention kernel on the pool in
+        place, for decode, prefill and mixed steps; head_dim a multiple of 128 on a TPU;
+        elsewhere a jnp reference of the kernel on the same arguments), or "auto":
+        pallas_tpu on a TPU when head_dim % 128 == 0, else the reference
+        (`rljax.rollout.attention.choose_paged_attention`).
     enable_prefix_caching: keep the full pages of finished (and preempted) sequences and
         reuse them for any later sequence that starts with the same tokens: an agent's
         next turn, a retried prompt (`rljax.rollout.prefix_cache`). Unreferenced cached

@@ -1,12 +1,12 @@
-"""The device half of the rollout engine: one replica's parameters, KV pools and compiled
+"""The device half of the rollout engine: one replica's parameters, KV pool and compiled
 programs, running the scheduler's `StepPlan`s.
 
 `run(plan)` packs the plan into typed, bucket-padded inputs (`rljax.rollout.step_inputs`),
-calls the compiled prefill, decode or mixed program with the pools donated, and returns each
-row's sampled tokens and log_probs. Nothing here is global: the parameters and the pools
-(and so the devices or sub-mesh they live on) are constructor inputs, so one device
+calls the compiled prefill, decode or mixed program with the KV pool donated, and returns
+each row's sampled tokens and log_probs. Nothing here is global: the parameters and the
+pool (and so the devices or sub-mesh they live on) are constructor inputs, so one device
 step per data-parallel replica is one more instance; `for_model` is the single-replica
-construction (the pools beside the model's parameters).
+construction (the pool beside the model's parameters).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from rljax.models.transformer import Decoder
-from rljax.rollout.attention import decode_attention, paged_attention_reference
+from rljax.rollout.attention import paged_attention
 from rljax.rollout.buckets import Buckets
 from rljax.rollout.config import SamplerConfig
 from rljax.rollout.forward import make_decode_fn, make_mixed_fn, make_prefill_fn
@@ -33,25 +33,24 @@ from rljax.rollout.step_inputs import MixedInputs, pack_step, result_rows
 def make_programs(graphdef: nnx.GraphDef, config: SamplerConfig, head_dim: int,
                   on_trace: Callable[[str], Callable[[], None]] = lambda kind: lambda: None,
                   pool_sharding: jax.sharding.Sharding | None = None) -> dict[StepKind, Callable]:
-    """The jitted prefill, decode and mixed programs, `program(state, k_pool, v_pool, inputs) ->
-    (k_pool, v_pool, tokens, log_probs, experts)` with the pools donated (experts: the
+    """The jitted prefill, decode and mixed programs, `program(state, kv_pool, inputs) ->
+    (kv_pool, tokens, log_probs, experts)` with the pool donated (experts: the
     routing with `config.record_routing` on a MoE model, else None). `on_trace(kind)` gives the
     callback run when a program of that kind is traced. Shared by `DeviceStep` and
     ahead-of-time compilation (`rljax.tpu.programs`), which lowers them on abstract shapes.
-    `pool_sharding`: where the pools live (a kernel that cannot be partitioned runs per
+    `pool_sharding`: where the pool lives (a kernel that cannot be partitioned runs per
     shard of its mesh)."""
     page_size = config.kv_cache.page_size
     mesh = getattr(pool_sharding, "mesh", None)
-    attention = decode_attention(config.attention, head_dim, page_size, mesh)
+    attention = paged_attention(config.attention, head_dim, page_size, mesh)
     record = config.record_routing
     decode = make_decode_fn(graphdef, page_size, attention, config.num_scheduler_steps, on_trace("decode"), record)
-    prefill = make_prefill_fn(graphdef, page_size, paged_attention_reference, on_trace("prefill"), record)
-    mixed = make_mixed_fn(graphdef, page_size, attention, paged_attention_reference, config.num_scheduler_steps,
-                          on_trace("mixed"), record)
+    prefill = make_prefill_fn(graphdef, page_size, attention, on_trace("prefill"), record)
+    mixed = make_mixed_fn(graphdef, page_size, attention, config.num_scheduler_steps, on_trace("mixed"), record)
     return {
-        StepKind.PREFILL: jax.jit(prefill, donate_argnums=(1, 2)),
-        StepKind.DECODE: jax.jit(decode, donate_argnums=(1, 2)),
-        StepKind.MIXED: jax.jit(mixed, donate_argnums=(1, 2)),
+        StepKind.PREFILL: jax.jit(prefill, donate_argnums=(1,)),
+        StepKind.DECODE: jax.jit(decode, donate_argnums=(1,)),
+        StepKind.MIXED: jax.jit(mixed, donate_argnums=(1,)),
     }
 
 
@@ -113,7 +112,7 @@ class DeviceStep:
     def for_model(cls, model: Decoder, config: SamplerConfig) -> "DeviceStep":
         """The model's parameters where they are, committed (so the trainer's arrays that
         `update_params` places there hit the same compiled programs: same buffers, no
-        copy), and pools over the same devices."""
+        copy), and the pool over the same devices."""
         graphdef, state = nnx.split(model)
         state = jax.tree.map(lambda a: jax.device_put(a, a.sharding), state)
         sharding = cache_sharding(state, model.config.num_key_value_heads)
@@ -128,15 +127,13 @@ class DeviceStep:
         return on_trace
 
     def run(self, plan: StepPlan) -> StepResult:
-        """Run one call; the pools are replaced by the updated ones."""
+        """Run one call; the pool is replaced by the updated one."""
         inputs = pack_step(plan, self.buckets)
         self._label = inputs.label
         context = contextlib.nullcontext() if self.mesh is None else jax.sharding.use_abstract_mesh(
             self.mesh.abstract_mesh)
         with context:
-            self.pool.k, self.pool.v, tokens, log_probs, experts = self.programs[plan.kind](
-                self.state, self.pool.k, self.pool.v, inputs
-            )
+            self.pool.kv, tokens, log_probs, experts = self.programs[plan.kind](self.state, self.pool.kv, inputs)
         # tokens / log_probs [B] (prefill) or [B, steps]; experts [B, T or steps, L, k] or None
         tokens, log_probs, experts = jax.device_get((tokens, log_probs, experts))
         rows, padded = result_rows(plan, inputs), tokens.shape[0]

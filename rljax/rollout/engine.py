@@ -3,7 +3,7 @@
 Single-threaded and synchronous: `add_request` queues a prompt, `step` asks the
 scheduler for the next call (`rljax.rollout.scheduler`: admission, pages, preemption,
 prefix sharing and caching), has the device step run it (`rljax.rollout.device_step`:
-typed inputs, compiled programs, parameters and KV pools) and hands the results back to
+typed inputs, compiled programs, parameters and KV pool) and hands the results back to
 the scheduler; a request's `on_done` callback receives its completions when its last
 sample finishes. `rljax.rollout.sampler.Sampler` wraps it in a thread with a sync and
 an asyncio API.
@@ -145,7 +145,7 @@ class Engine:
         self.scheduler.clear_prefix_cache()
 
     def reset_cache(self) -> None:
-        """Fresh pools (after a failed step that may have consumed the donated ones)."""
+        """A fresh pool (after a failed step that may have consumed the donated one)."""
         self.device.pool.reset()
         self.scheduler.clear_prefix_cache()
 

@@ -1,16 +1,19 @@
-"""The paged KV cache's device side: the pool size and the key / value pools.
+"""The paged KV cache's device side: the pool size and the pool.
 
-One pool for keys and one for values, each `[kv_heads, layers, num_pages, page_size,
-head_dim]` (kv-heads-major). A sequence's cache is the list of pages in its page table
-(the host-side allocator and tables are in `rljax.rollout.pages`); page 0 is the null
-page that padding points at.
+One pool holds keys and values together, `[layers, num_pages, page_size, 2 * kv_heads,
+head_dim]`, keys and values interleaved per kv head (index `2h` is head h's key, `2h + 1`
+its value). A sequence's cache is the list of pages in its page table (the host-side
+allocator and tables are in `rljax.rollout.pages`); page 0 is the null page that padding
+points at.
 
-Why kv heads first: the TPU paged-attention kernel
-(`jax.experimental.pallas.ops.tpu.paged_attention`) reads `[kv_heads, pages, page_size,
-head_dim]`, and `[K, L, P, S, D]` is that with `L*P` pages by a free reshape (layer l's
-page p is page `l*P + p`), so decode attention reads the pool in place, with no
-per-step transpose or copy. A page of one head is a contiguous `[S, D]` tile, which is
-what the kernel's DMAs copy. Tensor parallelism splits the first axis.
+Why this layout: it is what the TPU ragged paged-attention kernel
+(`jax.experimental.pallas.ops.tpu.ragged_paged_attention`) reads, `[pages, page_size,
+2 * kv_heads, head_dim]`, and `[L, P, S, 2K, D]` is that with `L*P` pages by a free
+reshape (layer l's page p is page `l*P + p`). So decode, prefill and mixed steps read the
+pool in place, with no per-step transpose or copy: one DMA brings a page's keys and values
+for every head. Each step's keys and values go in with one scatter whose window, a token's
+`[2K, D]`, is contiguous. Tensor parallelism splits the `2K` axis (whole key / value pairs:
+the split divides kv heads).
 """
 
 from __future__ import annotations
@@ -35,7 +38,12 @@ class CacheShape:
 
     @property
     def pool_shape(self) -> tuple[int, ...]:
-        return (self.kv_heads, self.num_layers, self.num_pages, self.page_size, self.head_dim)  # [K, L, P, S, D]
+        return (self.num_layers, self.num_pages, self.page_size, 2 * self.kv_heads, self.head_dim)  # [L, P, S, 2K, D]
+
+    @property
+    def bytes(self) -> int:
+        """The whole pool's bytes."""
+        return self.num_pages * self.bytes_per_page
 
     @property
     def bytes_per_page(self) -> int:
@@ -90,9 +98,10 @@ def plan_cache(model_config: ModelConfig, config: SamplerConfig, dtype, device: 
 
 
 def cache_sharding(params_state, kv_heads: int) -> jax.sharding.Sharding:
-    """Where the pools live: with single-device parameters, on that device; with
-    parameters on a mesh, over the same mesh, kv heads split over its "tensor" axis
-    when that axis exists and divides them, replicated otherwise."""
+    """Where the pool lives: with single-device parameters, on that device; with
+    parameters on a mesh, over the same mesh, kv heads (the `2K` axis, in whole key /
+    value pairs) split over its "tensor" axis when that axis exists and divides them,
+    replicated otherwise."""
     from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
     leaves = jax.tree.leaves(params_state)
@@ -101,30 +110,29 @@ def cache_sharding(params_state, kv_heads: int) -> jax.sharding.Sharding:
         mesh = sharding.mesh
         tensor = mesh.shape.get("tensor", 1)
         if tensor > 1 and kv_heads % tensor == 0:
-            return NamedSharding(mesh, PartitionSpec("tensor", None, None, None, None))
+            return NamedSharding(mesh, PartitionSpec(None, None, None, "tensor", None))
         return NamedSharding(mesh, PartitionSpec())
     if sharding is not None and len(sharding.device_set) == 1:
         return SingleDeviceSharding(next(iter(sharding.device_set)))
     return SingleDeviceSharding(jax.devices()[0])
 
 
-def allocate_pools(shape: CacheShape, sharding: jax.sharding.Sharding | None = None) -> tuple[jax.Array, jax.Array]:
-    """Zeroed key and value pools `[kv_heads, layers, num_pages, page_size, head_dim]`,
-    created in place with `sharding` (no host copy)."""
-    make = jax.jit(lambda: jnp.zeros(shape.pool_shape, shape.dtype), out_shardings=sharding)
-    return make(), make()
+def allocate_pool(shape: CacheShape, sharding: jax.sharding.Sharding | None = None) -> jax.Array:
+    """A zeroed pool `[layers, num_pages, page_size, 2 * kv_heads, head_dim]`, created in
+    place with `sharding` (no host copy)."""
+    return jax.jit(lambda: jnp.zeros(shape.pool_shape, shape.dtype), out_shardings=sharding)()
 
 
 class KVPool:
-    """One replica's key and value pools, with the shape and placement they were made
-    with. The compiled steps take the pools donated and return the updated ones, which
-    the caller stores back in `k` / `v`; `reset` makes fresh zeroed pools (after a
-    failed step that may have consumed the donated ones)."""
+    """One replica's pool, with the shape and placement it was made with. The compiled
+    steps take the pool donated and return the updated one, which the caller stores back
+    in `kv`; `reset` makes a fresh zeroed pool (after a failed step that may have
+    consumed the donated one)."""
 
     def __init__(self, shape: CacheShape, sharding: jax.sharding.Sharding):
         self.shape = shape
         self.sharding = sharding
-        self.k, self.v = allocate_pools(shape, sharding)  # [K, L, P, S, D] each
+        self.kv = allocate_pool(shape, sharding)  # [L, P, S, 2K, D]
 
     def reset(self) -> None:
-        self.k, self.v = allocate_pools(self.shape, self.sharding)
+        self.kv = allocate_pool(self.shape, self.sharding)

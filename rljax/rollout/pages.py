@@ -1,7 +1,7 @@
 """Host-side bookkeeping of the paged KV cache: which pages each sequence holds.
 
 Pure Python over a numpy refcount array, never traced (the scheduler's side of the
-cache; the device pools are in `rljax.rollout.kv_cache`). `PageAllocator` hands out
+cache; the device pool is in `rljax.rollout.kv_cache`). `PageAllocator` hands out
 pages from a free list and counts references, so the n samples of one prompt can share
 the prompt's full pages; a page returns to the free list when its last reference is
 released. Page 0 is a reserved null page: it is never handed out; padded page-table

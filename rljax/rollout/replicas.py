@@ -23,7 +23,6 @@ Why the layout is built this way:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -135,9 +134,9 @@ class ReplicaLayout:
 
 
 def kv_bytes_per_device(shape: CacheShape, tensor_parallel_size: int) -> int:
-    """Bytes of one replica's key + value pools on each of its devices: the pools split
-    over the replica's tp devices by kv heads when they divide (what
-    `kv_cache.cache_sharding` chooses for a replica's parameters), whole otherwise."""
-    total = 2 * math.prod(shape.pool_shape) * np.dtype(shape.dtype).itemsize
+    """Bytes of one replica's KV pool on each of its devices: the pool split over the
+    replica's tp devices by kv heads when they divide (what `kv_cache.cache_sharding`
+    chooses for a replica's parameters), whole otherwise."""
+    total = shape.bytes
     split = tensor_parallel_size if shape.kv_heads % tensor_parallel_size == 0 else 1
     return total // split

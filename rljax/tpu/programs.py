@@ -40,7 +40,7 @@ from rljax.rl.config import RLConfig
 from rljax.rl.forwards import BatchForwards
 from rljax.rl.learner import learner_update
 from rljax.rl.actor_critic import ActorBatch, CriticBatch, actor_objective, critic_objective
-from rljax.rollout.attention import resolve_decode_attention
+from rljax.rollout.attention import resolve_paged_attention, tpu_queries_per_block
 from rljax.rollout.buckets import Buckets
 from rljax.rollout.config import SamplerConfig
 from rljax.rollout.device_step import make_programs
@@ -320,7 +320,7 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
     # a 0-layer build (the roofline's) still traces the layer loop's body: give it one layer of pool
     shape = CacheShape(max(model.num_hidden_layers, 1), num_pages, config.kv_cache.page_size,
                        model.num_key_value_heads, model.head_dim, dtype)
-    pool = jax.ShapeDtypeStruct(shape.pool_shape, dtype, sharding=pool_sharding)  # [K, L, P, S, D]
+    pool = jax.ShapeDtypeStruct(shape.pool_shape, dtype, sharding=pool_sharding)  # [L, P, S, 2K, D]
     buckets = Buckets.from_config(config)
     rep = replicated(mesh)
     n = mesh.devices.size
@@ -335,8 +335,24 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
 
     with compiling_for(_platform(mesh)):
         fns = make_programs(graphdef, config, model.head_dim, pool_sharding=pool_sharding)
-        decode_kernel = resolve_decode_attention(config.attention, model.head_dim)
+        kernel = resolve_paged_attention(config.attention, model.head_dim)
     width = buckets.width[-1]
+    length = width * config.kv_cache.page_size
+    tensor = mesh.shape.get("tensor", 1)
+    heads = model.num_key_value_heads // tensor if model.num_key_value_heads % tensor == 0 else \
+        model.num_key_value_heads  # per chip, as `cache_sharding` splits the pool
+
+    def kernel_bytes(q_lens: list[int]) -> float:
+        """HBM bytes per chip the ragged kernel reads for sequences of `q_lens` queries
+        (flat, back to back) over full page tables: each query block re-reads the keys and
+        values of every sequence it holds, in every layer (XLA's cost analysis does not
+        see inside the kernel)."""
+        if kernel != "pallas_tpu":
+            return 0.0
+        block = tpu_queries_per_block(sum(q_lens))
+        reads = sum(-(-q // block) for q in q_lens)  # one sequence's tables per query block it spans, about
+        return 2.0 * reads * model.num_hidden_layers * heads * length * model.head_dim * dtype.itemsize
+
     out = []
     budget = config.max_num_batched_tokens
     # a prefill row holds at most max_model_len tokens: larger chunk buckets never run
@@ -349,21 +365,16 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
         inputs = PrefillInputs(arr((b, chunk), jnp.int32), arr((b, chunk), jnp.int32), arr((b, chunk), jnp.bool_),
                                arr((b, width), jnp.int32), arr((b,), jnp.int32), arr((b,), jnp.int32), sampling(b))
         out.append(Program(f"prefill [{b}x{chunk}, W={width}]", "prefill", fns[StepKind.PREFILL],
-                           (state, pool, pool, inputs), b * chunk,
-                           b * chunk * model.flops_per_token(chunk, training=False), n, mesh))
+                           (state, pool, inputs), b * chunk,
+                           b * chunk * model.flops_per_token(chunk, training=False), n, mesh,
+                           kernel_bytes([chunk] * b)))
     b, steps = buckets.rows[-1], config.num_scheduler_steps
     inputs = DecodeInputs(arr((b,), jnp.int32), arr((b,), jnp.int32), arr((b, width), jnp.int32), arr((b,), jnp.int32),
                           sampling(b))
-    length = width * config.kv_cache.page_size
-    kernel_bytes = 0.0
-    if decode_kernel == "pallas_tpu":  # K and V of every row's full table, each layer, each step
-        tensor = mesh.shape.get("tensor", 1)
-        heads = model.num_key_value_heads // tensor if model.num_key_value_heads % tensor == 0 else \
-            model.num_key_value_heads  # per chip, as `cache_sharding` splits the pool
-        kernel_bytes = 2.0 * steps * b * model.num_hidden_layers * heads * length * model.head_dim * dtype.itemsize
-    out.append(Program(f"decode [{b}x1 x {steps} steps, W={width}, {decode_kernel} attention]", "decode",
-                       fns[StepKind.DECODE], (state, pool, pool, inputs), b * steps,
-                       b * steps * model.flops_per_token(length, training=False), n, mesh, kernel_bytes))
+    out.append(Program(f"decode [{b}x1 x {steps} steps, W={width}, {kernel} attention]", "decode",
+                       fns[StepKind.DECODE], (state, pool, inputs), b * steps,
+                       b * steps * model.flops_per_token(length, training=False), n, mesh,
+                       steps * kernel_bytes([1] * b)))
     if config.mixed_steps:
         left = max(budget - b, buckets.chunk[0])  # what the decode rows leave of the budget
         fitting = [s for s in shapes if s[0] * s[1] <= left] or [(1, buckets.chunk[0])]
@@ -374,10 +385,11 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
                               arr((rows, width), jnp.int32), arr((rows,), jnp.int32), arr((rows,), jnp.int32),
                               sampling(rows))
         out.append(Program(f"mixed [{b}x1 x {steps} steps + {rows}x{chunk} chunk tokens, W={width}, "
-                           f"{decode_kernel} attention]", "mixed", fns[StepKind.MIXED],
-                           (state, pool, pool, MixedInputs(inputs, chunks)), b * steps + rows * chunk,
+                           f"{kernel} attention]", "mixed", fns[StepKind.MIXED],
+                           (state, pool, MixedInputs(inputs, chunks)), b * steps + rows * chunk,
                            b * steps * model.flops_per_token(length, training=False)
-                           + rows * chunk * model.flops_per_token(chunk, training=False), n, mesh, kernel_bytes))
+                           + rows * chunk * model.flops_per_token(chunk, training=False), n, mesh,
+                           kernel_bytes([1] * b + [chunk] * rows) + (steps - 1) * kernel_bytes([1] * b)))
     return out
 
 

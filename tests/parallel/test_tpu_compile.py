@@ -140,18 +140,18 @@ def test_quickstart_sampler_programs_compile(quickstart):
     for kind in ("prefill", "decode"):
         program, result = compiled[kind]
         assert result.error is None, (kind, result.error)
-        # both KV pools are donated and updated in place
+        # the KV pool is donated and updated in place
         pool = program.args[1]
-        pool_bytes = planned_bytes([pool, pool], [pool.sharding, pool.sharding])
+        pool_bytes = planned_bytes([pool], [pool.sharding])
         assert result.alias_bytes >= pool_bytes, kind
         assert result.flops > 0
     assert run.notes  # tensor_parallel_size=0: no hand-off program, and the report says why
 
 
 @needs_libtpu
-def test_the_mixed_program_compiles_with_its_pools_in_place(v5e_2x2):
+def test_the_mixed_program_compiles_with_its_pool_in_place(v5e_2x2):
     """With `rollout.mixed_steps` the run also has the mixed program (every decode row
-    plus the chunk tokens the budget leaves): it compiles for the TPU, its pools donated
+    plus the chunk tokens the budget leaves): it compiles for the TPU, its pool donated
     and updated in place, and it counts the work of both parts."""
     cfg = load_config(RLConfig, QUICKSTART, ["model.attention=auto", "rollout.mixed_steps=true"])
     run = run_programs(cfg, v5e_2x2, num_pages=default_pages(cfg))
@@ -161,7 +161,7 @@ def test_the_mixed_program_compiles_with_its_pools_in_place(v5e_2x2):
     result = compile_program(program)
     assert result.error is None, result.error
     pool = program.args[1]
-    assert result.alias_bytes >= planned_bytes([pool, pool], [pool.sharding, pool.sharding])
+    assert result.alias_bytes >= planned_bytes([pool], [pool.sharding])
     assert result.flops > 0
 
 
@@ -265,17 +265,17 @@ HEAD_DIM_128 = ("{model_type: qwen2, vocab_size: 1024, hidden_size: 256, interme
 @pytest.mark.parametrize("topology, tp", [
     ("v5e:2x2", 0),  # the pool whole on the training mesh's 4 chips
     ("v5e:2x2", 2),  # split over a replica's 2 chips
-    ("v5p:2x2x1", 0),  # megacore chips: the kernel splits kv heads over each chip's 2 TensorCores
+    ("v5p:2x2x1", 0),  # megacore chips
 ])
-def test_decode_runs_the_tpu_paged_kernel_on_the_pool_in_place(topology, tp):
-    """head_dim 128 on a TPU: `rollout.attention: auto` is the Mosaic paged-attention
-    kernel, reading the pool where it is: the compiled decode program holds no copy or
-    transpose of a pool-sized array (only the in-place scatter of the step's keys)."""
-    from rljax.rollout.attention import tensor_cores
-
+def test_sampler_programs_run_the_tpu_ragged_kernel_on_the_pool_in_place(topology, tp):
+    """head_dim 128 on a TPU: `rollout.attention: auto` is the Mosaic ragged
+    paged-attention kernel in prefill, decode and mixed programs, reading the pool where
+    it is: no compiled program holds a copy, transpose or gather of a pool-sized array
+    (only the in-place scatter of the step's keys and values)."""
     cfg = load_config(RLConfig, QUICKSTART, [f"model.hf_config={HEAD_DIM_128}", "model.compute_dtype=bfloat16",
                                              f"rollout.tensor_parallel_size={tp}", "rollout.max_num_seqs=8",
-                                             "rollout.page_size=16", "model.attention=auto"])
+                                             "rollout.page_size=16", "model.attention=auto",
+                                             "rollout.mixed_steps=true"])
     assert cfg.rollout.attention == "auto"
     devices = slice_devices(parse_slice(topology))
     run = run_programs(cfg, devices, num_pages=default_pages(cfg))
@@ -284,21 +284,24 @@ def test_decode_runs_the_tpu_paged_kernel_on_the_pool_in_place(topology, tp):
     train, row = run.programs[0], cfg.data.max_prompt_length + cfg.rollout.response_length
     assert train.kind == "train"
     assert train.kernel_flops == train.tokens * 3 * 2 * (2 * 2 * row * 2 * 128 / 2) / len(devices)
-    decode = run.programs[-1]
-    assert decode.kind == "decode" and "pallas_tpu attention" in decode.name
-    assert tensor_cores(decode.mesh) == (2 if topology.startswith("v5p") else 1)
-    pool = decode.args[1]  # [K, L, P, S, D], bf16
-    k, layers, pages, page, d = pool.sharding.shard_shape(pool.shape)  # one chip's
-    assert k == (1 if tp == 2 else 2)
-    # K and V of 8 rows x 3 pages x 16 tokens, 2 layers, 4 steps, the chip's kv heads, bf16
-    assert decode.kernel_bytes == 2 * 4 * 8 * 2 * k * 3 * 16 * d * 2
-    with jax.default_matmul_precision("default"):
-        compiled = decode.lower().compile()
-    text = compiled.as_text()
-    assert "tpu_custom_call" in text
-    pool_sized = re.compile(rf"= bf16\[({k},{layers},{pages},{page},{d}|{k},{layers * pages},{page},{d})\]\S* (\S+)\(")
-    ops = {m.group(2) for m in pool_sized.finditer(text)}
-    assert ops and not ops & {"copy", "transpose", "copy-start", "gather"}, ops
+    sampler = {p.kind: p for p in run.programs if p.kind in ("prefill", "decode", "mixed")}
+    assert set(sampler) == {"prefill", "decode", "mixed"}
+    decode = sampler["decode"]
+    assert "pallas_tpu attention" in decode.name
+    pool = decode.args[1]  # [L, P, S, 2K, D], bf16
+    layers, pages, page, two_k, d = pool.sharding.shard_shape(pool.shape)  # one chip's
+    assert two_k == 2 * (1 if tp == 2 else 2)
+    # keys and values of 8 rows x 3 pages x 16 tokens, 2 layers, 4 steps, the chip's kv heads, bf16
+    assert decode.kernel_bytes == 2 * 4 * 8 * 2 * (two_k // 2) * 3 * 16 * d * 2
+    assert sampler["prefill"].kernel_bytes > 0 and sampler["mixed"].kernel_bytes > decode.kernel_bytes
+    pool_sized = re.compile(rf"= bf16\[({layers},{pages},{page},{two_k},{d}|{layers * pages},{page},{two_k},{d})\]\S* "
+                            r"(\S+)\(")
+    for kind, program in sampler.items():
+        with jax.default_matmul_precision("default"):
+            text = program.lower().compile().as_text()
+        assert "tpu_custom_call" in text, kind
+        ops = {m.group(2) for m in pool_sized.finditer(text)}
+        assert ops and not ops & {"copy", "transpose", "copy-start", "gather"}, (kind, ops)
 
 
 # ---- the command line --------------------------------------------------------------------------

@@ -1,5 +1,7 @@
-"""Paged attention: the reference equals dense attention over the same keys, and the
-Pallas decode kernel (interpret mode on CPU) equals the reference."""
+"""Paged attention: the reference equals dense attention over the same keys, the Pallas
+decode kernel (interpret mode on CPU) equals the reference, and the TPU ragged kernel's
+arguments, built from rows and from mixed steps, give the reference's outputs under JAX's
+own reference of that kernel."""
 
 import functools
 
@@ -10,7 +12,14 @@ import pytest
 
 from rljax.models.attention import segment_mask, xla_attention
 from rljax.rollout import SamplingParams
-from rljax.rollout.attention import paged_attention_reference, paged_decode_attention_pallas, paged_decode_attention_tpu
+from rljax.rollout.attention import (
+    interleave_kv,
+    paged_attention_reference,
+    paged_attention_tpu,
+    paged_decode_attention_pallas,
+    ragged_attention_reference,
+    ragged_attention_tpu,
+)
 
 L, P, S, K, D, N = 2, 40, 4, 2, 16, 8
 ON_GPU = jax.default_backend() == "gpu"
@@ -18,7 +27,7 @@ ON_GPU = jax.default_backend() == "gpu"
 
 def scattered(seed: int, lengths: list[int], width: int):
     """Random dense keys / values per row, written into random distinct pages of a
-    pool whose other pages hold garbage. Returns pools `[K, L, P, S, D]`, page table,
+    pool whose other pages hold garbage. Returns the pool `[L, P, S, 2K, D]`, page table,
     dense k / v `[L, B, W*S, K, D]`."""
     rng = np.random.default_rng(seed)
     k_pool = rng.normal(size=(L, P, S, K, D)).astype(np.float32)
@@ -33,14 +42,15 @@ def scattered(seed: int, lengths: list[int], width: int):
             table[b, j] = page
             k_pool[:, page] = k_dense[:, b, j * S:(j + 1) * S]
             v_pool[:, page] = v_dense[:, b, j * S:(j + 1) * S]
-    # the engine's layout: kv-heads-major [K, L, P, S, D]
-    k_pool, v_pool = np.moveaxis(k_pool, 3, 0), np.moveaxis(v_pool, 3, 0)
-    return jnp.asarray(k_pool), jnp.asarray(v_pool), jnp.asarray(table), k_dense, v_dense
+    # the engine's layout: keys and values interleaved per kv head, [L, P, S, 2K, D]
+    pool = interleave_kv(jnp.asarray(k_pool), jnp.asarray(v_pool))
+    assert (pool[..., 1::2, :] == v_pool).all() and (pool[..., 0::2, :] == k_pool).all()
+    return pool, jnp.asarray(table), k_dense, v_dense
 
 
 def test_reference_equals_dense_attention_for_a_prefill_chunk():
     lengths, width, t = [13, 7, 16], 4, 5
-    k_pool, v_pool, table, k_dense, v_dense = scattered(0, lengths, width)
+    pool, table, k_dense, v_dense = scattered(0, lengths, width)
     rng = np.random.default_rng(1)
     q = jnp.asarray(rng.normal(size=(len(lengths), t, N, D)).astype(np.float32))
     # The chunk is each row's last t tokens.
@@ -51,7 +61,7 @@ def test_reference_equals_dense_attention_for_a_prefill_chunk():
     mask = jnp.take_along_axis(full_mask, positions[:, :, None], axis=1)
     paged, dense = jax.jit(paged_attention_reference), jax.jit(xla_attention)
     for layer in range(L):
-        got = paged(q, k_pool, v_pool, jnp.int32(layer), table, positions, kv_lens)
+        got = paged(q, pool, jnp.int32(layer), table, positions, kv_lens)
         want = dense(q, jnp.asarray(k_dense[layer]), jnp.asarray(v_dense[layer]), mask)
         np.testing.assert_allclose(got, want, atol=1e-5)
 
@@ -59,15 +69,15 @@ def test_reference_equals_dense_attention_for_a_prefill_chunk():
 def test_pallas_decode_kernel_equals_reference():
     # 12-page tables are padded to 16 (8 pages = 32 keys per kernel block): two blocks.
     width, lengths = 12, [45, 1, 33, 5, 0]  # the last row is batch padding: length 0
-    k_pool, v_pool, table, _, _ = scattered(2, lengths, width)
+    pool, table, _, _ = scattered(2, lengths, width)
     rng = np.random.default_rng(3)
     q = jnp.asarray(rng.normal(size=(len(lengths), 1, N, D)).astype(np.float32))
     kv_lens = jnp.asarray(lengths, jnp.int32)
     positions = jnp.maximum(kv_lens - 1, 0)[:, None]
     reference = jax.jit(paged_attention_reference)
     for layer in range(L):
-        want = reference(q, k_pool, v_pool, jnp.int32(layer), table, positions, kv_lens)
-        got = paged_decode_attention_pallas(q, k_pool, v_pool, jnp.int32(layer), table, positions, kv_lens,
+        want = reference(q, pool, jnp.int32(layer), table, positions, kv_lens)
+        got = paged_decode_attention_pallas(q, pool, jnp.int32(layer), table, positions, kv_lens,
                                             interpret=not ON_GPU)
         np.testing.assert_allclose(got[:4], want[:4], atol=1e-5)
         assert np.isfinite(np.asarray(got)).all()
@@ -77,9 +87,8 @@ def test_pallas_kernel_lowers_to_triton_for_cuda():
     """Pallas -> Triton lowering runs without a GPU (export for the cuda platform); the
     Triton -> PTX compile and the run itself need one (the test above, on a GPU)."""
     sd = jax.ShapeDtypeStruct
-    args = (sd((4, 1, 8, 64), jnp.bfloat16), sd((2, 2, 24, 16, 64), jnp.bfloat16),
-            sd((2, 2, 24, 16, 64), jnp.bfloat16), sd((), jnp.int32), sd((4, 8), jnp.int32),
-            sd((4, 1), jnp.int32), sd((4,), jnp.int32))
+    args = (sd((4, 1, 8, 64), jnp.bfloat16), sd((2, 24, 16, 4, 64), jnp.bfloat16), sd((), jnp.int32),
+            sd((4, 8), jnp.int32), sd((4, 1), jnp.int32), sd((4,), jnp.int32))
     fn = jax.jit(functools.partial(paged_decode_attention_pallas, interpret=False))
     exported = jax.export.export(
         fn, platforms=["cuda"], disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
@@ -102,94 +111,119 @@ def test_engine_with_pallas_decode_matches_reference_engine(llama, roomy_sampler
     np.testing.assert_allclose([c.log_probs for c in got], [c.log_probs for c in want], atol=1e-5)
 
 
-# ---- the TPU paged-attention kernel (TPU interpret mode on CPU) -----------------------------
+# ---- the TPU ragged paged-attention kernel's arguments -------------------------------------
 
 
-def tpu_kernel_case(seed: int, heads: int):
-    """Decode queries over scattered pages; pools rounded to bfloat16 (the kernel reads
-    K / V through bfloat16, and a run's pools are bfloat16)."""
-    width, lengths = 12, [45, 1, 33, 5, 0]  # the last row is batch padding: length 0
-    k_pool, v_pool, table, _, _ = scattered(seed, lengths, width)
-    k_pool, v_pool = k_pool.astype(jnp.bfloat16), v_pool.astype(jnp.bfloat16)
-    rng = np.random.default_rng(seed + 1)
-    q = jnp.asarray(rng.normal(size=(len(lengths), 1, heads, D)).astype(np.float32))
+def test_ragged_reference_equals_jax_reference_of_the_tpu_kernel():
+    """Our jnp ragged attention (the CPU path of `pallas_tpu`) equals JAX's own reference
+    of the ragged kernel (`ref_ragged_paged_attention`) on the kernel's arguments: two
+    decode rows, a 7-token chunk starting mid-sequence, a 3-token chunk from position 0,
+    and a sequence past `num_seqs`; grouped-query heads (N = 4K)."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ref_ragged_paged_attention
+
+    pool, table, _, _ = scattered(6, [45, 1, 33, 3, 8], 12)
+    flat = pool.reshape(L * P, *pool.shape[2:])
+    ids = table + P  # layer 1's pages
+    cu_q_lens = jnp.asarray([0, 1, 2, 9, 12, 12], jnp.int32)
+    kv_lens, num_seqs = jnp.asarray([45, 1, 33, 3, 8], jnp.int32), jnp.asarray([4], jnp.int32)
+    q = jnp.asarray(np.random.default_rng(7).normal(size=(16, N, D)).astype(np.float32))
+    want = ref_ragged_paged_attention(q, flat, kv_lens, ids, cu_q_lens, num_seqs, sm_scale=D**-0.5)
+    got = jax.jit(ragged_attention_reference)(q, flat, kv_lens, ids, cu_q_lens, num_seqs)
+    np.testing.assert_allclose(got[:12], want[:12], atol=2e-6)
+    np.testing.assert_array_equal(got[12:], 0.0)  # queries past the last sequence
+
+
+@pytest.mark.parametrize("t", [1, 5])
+def test_rows_through_the_ragged_kernel_equal_the_reference(t):
+    """`pallas_tpu`'s row form (decode steps, t = 1; prefill chunks with padding, t = 5)
+    builds ragged arguments whose outputs under JAX's reference of the kernel equal our
+    paged reference on the real queries: a row's length is its first position + T, the
+    table grows null columns for the padding queries. Rows: full-length, one token, a
+    short chunk ending near its last page, and batch padding."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ref_ragged_paged_attention
+
+    lengths, width = [45, 1, 47, 0], 12  # row 2: 2 real queries at 45, 46; its padding runs past 48 keys
+    pool, table, _, _ = scattered(8, lengths, width)
+    n_real = [min(t, 5), 1, min(t, 2), 0]
+    starts = [n - k for n, k in zip(lengths, n_real)]
+    positions = jnp.asarray([[s + min(i, max(k - 1, 0)) for i in range(t)] for s, k in zip(starts, n_real)], jnp.int32)
     kv_lens = jnp.asarray(lengths, jnp.int32)
-    return q, k_pool, v_pool, table, jnp.maximum(kv_lens - 1, 0)[:, None], kv_lens
+    q = jnp.asarray(np.random.default_rng(9).normal(size=(len(lengths), t, N, D)).astype(np.float32))
+    want = paged_attention_reference(q, pool, jnp.int32(1), table, positions, kv_lens)
+    kernel = functools.partial(ref_ragged_paged_attention, sm_scale=D**-0.5)  # eager: its loop needs num_seqs
+    for on_tpu in (False, True):  # ours on the CPU path; JAX's reference standing in for the kernel
+        if on_tpu:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr("jax.experimental.pallas.ops.tpu.ragged_paged_attention.ragged_paged_attention",
+                              lambda *a, sm_scale, num_kv_pages_per_block, num_queries_per_block: kernel(*a))
+                got = paged_attention_tpu(q, pool, jnp.int32(1), table, positions, kv_lens, on_tpu=True)
+        else:
+            got = jax.jit(functools.partial(paged_attention_tpu, on_tpu=False))(q, pool, jnp.int32(1), table, positions,
+                                                                                kv_lens)
+        for b, k in enumerate(n_real):
+            np.testing.assert_allclose(got[b, :k], want[b, :k], atol=2e-6)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("heads, cores", [(K, 1), (N, 1), (N, 2)])  # 1 or 4 query heads per kv head; megacore
-def test_tpu_paged_kernel_equals_reference(heads, cores):
-    """12-page tables with 4-token pages: blocks of 16 pages, the table padded with the
-    layer's null page; rows of 45, 1, 33 and 5 keys. `cores=2`: a megacore chip (kv heads
-    split over its 2 TensorCores, simulated)."""
-    q, k_pool, v_pool, table, positions, kv_lens = tpu_kernel_case(4, heads)
-    reference = jax.jit(paged_attention_reference)
-    kernel = jax.jit(functools.partial(paged_decode_attention_tpu, interpret=True, cores=cores))
-    for layer in range(L):
-        want = reference(q, k_pool, v_pool, jnp.int32(layer), table, positions, kv_lens)
-        got = kernel(q, k_pool, v_pool, jnp.int32(layer), table, positions, kv_lens)
-        assert got.shape == want.shape == (5, 1, heads, D)
-        np.testing.assert_allclose(got[:4], want[:4], atol=2e-5)
-        np.testing.assert_array_equal(got[4], 0.0)  # an empty row: zeros, not NaN
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("tensor", [2, 1])
-def test_tpu_paged_kernel_on_a_mesh(tensor):
-    """On a 2-device mesh the kernel runs per shard in shard_map: pools split on kv heads
-    over tensor=2 (as `cache_sharding` lays them out), or whole on both devices (fsdp=2,
-    the sampler on a training mesh). Both equal the reference."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
+def test_ragged_tpu_attention_on_a_mesh():
+    """On a 2-device mesh the ragged attention runs per shard in shard_map, the pool split
+    on kv heads over tensor=2 (as `cache_sharding` lays it out): equal to the unsharded
+    call."""
+    from jax.sharding import NamedSharding, PartitionSpec as P_
 
     from rljax.parallel import MeshConfig, make_mesh
 
-    mesh = make_mesh(MeshConfig(data=1, fsdp=2 // tensor, tensor=tensor), jax.devices()[:2])
-    q, k_pool, v_pool, table, positions, kv_lens = tpu_kernel_case(5, N)
-    split = NamedSharding(mesh, P("tensor" if tensor > 1 else None, None, None, None, None))
-    k_split, v_split = jax.device_put(k_pool, split), jax.device_put(v_pool, split)
-    kernel = jax.jit(functools.partial(paged_decode_attention_tpu, interpret=True, mesh=mesh))
-    got = kernel(q, k_split, v_split, jnp.int32(1), table, positions, kv_lens)
-    want = paged_attention_reference(q, k_pool, v_pool, jnp.int32(1), table, positions, kv_lens)
-    np.testing.assert_allclose(got[:4], want[:4], atol=2e-5)
+    mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=2), jax.devices()[:2])
+    pool, table, _, _ = scattered(10, [45, 1, 33, 5], 12)
+    split = jax.device_put(pool, NamedSharding(mesh, P_(None, None, None, "tensor", None)))
+    q = jnp.asarray(np.random.default_rng(11).normal(size=(8, N, D)).astype(np.float32))
+    args = (jnp.int32(1), table, jnp.asarray([0, 1, 2, 6, 8], jnp.int32), jnp.asarray([45, 1, 33, 5], jnp.int32),
+            jnp.asarray([4], jnp.int32))
+    got = jax.jit(functools.partial(ragged_attention_tpu, on_tpu=False, mesh=mesh))(q, split, *args)
+    want = ragged_attention_tpu(q, pool, *args, on_tpu=False)
+    np.testing.assert_allclose(got, want, atol=1e-6)
 
 
 @pytest.mark.slow
-def test_engine_with_tpu_paged_decode_matches_reference_engine(llama):
-    """The engine with `attention=pallas_tpu` (interpret mode) samples the reference
-    engine's greedy tokens. Both pools are bfloat16, what the kernel reads."""
-    from rljax.rollout import KVCacheConfig, Sampler
+@pytest.mark.parametrize("mixed_steps", [False, True])
+def test_engine_with_the_tpu_kernel_arguments_matches_reference_engine(llama, mixed_steps):
+    """The engine with `attention=pallas_tpu` (off TPU: the ragged reference on the
+    kernel's arguments, for decode, prefill and, with mixed steps, the mixed call's
+    ragged rows) samples the reference engine's greedy tokens and log-probs."""
+    from rljax.rollout import Sampler
 
     from .conftest import random_prompts, sampler_config
 
-    prompts = random_prompts([5, 12, 9], seed=13)
+    prompts = random_prompts([5, 12, 9, 17], seed=13)
     params = SamplingParams(temperature=0.0, max_tokens=7)
     outs = {}
     for name in ("pallas_tpu", "reference"):
-        config = sampler_config(num_pages=64, attention=name, num_scheduler_steps=2,
-                                kv_cache=KVCacheConfig(page_size=4, num_pages=64, dtype="bfloat16"))
+        config = sampler_config(num_pages=64, attention=name, num_scheduler_steps=2, mixed_steps=mixed_steps,
+                                max_num_seqs=2)
         with Sampler(llama, config) as sampler:
             outs[name] = sampler.generate(prompts, params)
+            if mixed_steps:
+                assert sampler.engine.scheduler.stats.num_mixed_steps > 0
     got, want = outs["pallas_tpu"], outs["reference"]
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     assert all(len(c.token_ids) == 7 for c in got)
-    np.testing.assert_allclose([c.log_probs for c in got], [c.log_probs for c in want], atol=1e-4)
+    np.testing.assert_allclose([c.log_probs for c in got], [c.log_probs for c in want], atol=1e-5)
 
 
-def test_auto_decode_attention_is_the_tpu_kernel_on_tpu_when_head_dim_fills_the_lanes():
+def test_auto_attention_is_the_tpu_kernel_on_tpu_when_head_dim_fills_the_lanes():
     from rljax.models.attention import compiling_for
-    from rljax.rollout.attention import choose_decode_attention, decode_attention
+    from rljax.rollout.attention import choose_paged_attention, paged_attention
 
-    assert choose_decode_attention("tpu", 128) == choose_decode_attention("tpu", 256) == "pallas_tpu"
+    assert choose_paged_attention("tpu", 128) == choose_paged_attention("tpu", 256) == "pallas_tpu"
     for backend, head_dim in [("tpu", 64), ("tpu", 96), ("gpu", 128), ("cpu", 128)]:
-        assert choose_decode_attention(backend, head_dim) == "reference"
-    assert decode_attention("auto", 128, 16) is paged_attention_reference  # on this CPU host
+        assert choose_paged_attention(backend, head_dim) == "reference"
+    assert paged_attention("auto", 128, 16).name == "reference"  # on this CPU host
     with compiling_for("tpu"):  # what `rljax compile` traces under for a TPU topology
-        tpu = decode_attention("auto", 128, 16)
-        assert tpu.func is paged_decode_attention_tpu and tpu.keywords["interpret"] is False
-        assert decode_attention("auto", 64, 16) is paged_attention_reference
+        tpu = paged_attention("auto", 128, 16)
+        assert tpu.name == "pallas_tpu" and tpu.decode.func is paged_attention_tpu
+        assert tpu.decode.keywords["on_tpu"] is True and tpu.ragged.func is ragged_attention_tpu
+        assert paged_attention("auto", 64, 16).name == "reference"
         with pytest.raises(ValueError, match=r"pallas_tpu' needs head_dim a multiple of 128 on a TPU, got 64"):
-            decode_attention("pallas_tpu", 64, 16)
-    assert decode_attention("pallas_tpu", 64, 16).keywords["interpret"] is True  # off TPU: interpret mode
+            paged_attention("pallas_tpu", 64, 16)
+    assert paged_attention("pallas_tpu", 64, 16).decode.keywords["on_tpu"] is False  # off TPU: the reference
     with pytest.raises(ValueError, match=r"unknown paged attention 'flash'.*pallas_tpu"):
-        decode_attention("flash", 128, 16)
+        paged_attention("flash", 128, 16)

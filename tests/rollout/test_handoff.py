@@ -116,8 +116,8 @@ def test_a_sampler_on_a_replica_samples_the_single_device_tokens(llama, roomy_sa
     want = roomy_sampler.generate(prompts, params)
     with Sampler(nnx.merge(graphdef, replica), roomy_sampler.config) as sampler:
         got = sampler.generate(prompts, params)
-        assert set(sampler.engine.device.pool.k.sharding.device_set) == set(layout.replicas[3].devices.flat)
-        assert sampler.engine.device.pool.k.sharding.spec[0] == "tensor"  # [K, L, P, S, D]: kv heads
+        assert set(sampler.engine.device.pool.kv.sharding.device_set) == set(layout.replicas[3].devices.flat)
+        assert sampler.engine.device.pool.kv.sharding.spec[3] == "tensor"  # [L, P, S, 2K, D]: kv heads
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     np.testing.assert_allclose([c.log_probs for c in got], [c.log_probs for c in want], atol=1e-5)
 

@@ -93,7 +93,7 @@ def test_plan_cache_sizes_the_pool():
                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     config = SamplerConfig(max_model_len=64, kv_cache=KVCacheConfig(page_size=8, num_pages=20))
     explicit = plan_cache(mc, config, "float32")
-    assert explicit.pool_shape == (2, 2, 20, 8, 8)  # [K, L, P, S, D]
+    assert explicit.pool_shape == (2, 20, 8, 4, 8)  # [L, P, S, 2K, D]
     assert explicit.bytes_per_page == 2 * 2 * 8 * 2 * 8 * 4
     # CPU reports no free memory: room for max_num_seqs full sequences plus the null page.
     fallback = plan_cache(mc, SamplerConfig(max_num_seqs=3, max_model_len=64, kv_cache=KVCacheConfig(page_size=8)),

@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 from rljax.models import abstract_model
 from rljax.parallel import ShardingError, measured_bytes, state_shardings
 from rljax.rollout.handoff import hand_off
-from rljax.rollout.kv_cache import CacheShape, allocate_pools, cache_sharding
+from rljax.rollout.kv_cache import CacheShape, allocate_pool, cache_sharding
 from rljax.rollout.replicas import ReplicaLayout, group_devices, kv_bytes_per_device
 
 from .replica_fixtures import CONFIG, numbered_params
@@ -105,7 +105,7 @@ def replica_pools(layout: ReplicaLayout, params):
     seqs = SEQS // layout.num_replicas
     shape = CacheShape(CONFIG.num_hidden_layers, seqs * PAGES_PER_SEQ + 1, 4, CONFIG.num_key_value_heads,
                        CONFIG.head_dim, jnp.float32)
-    pools = [allocate_pools(shape, cache_sharding(p, CONFIG.num_key_value_heads)) for p in hand_off(params, layout)]
+    pools = [allocate_pool(shape, cache_sharding(p, CONFIG.num_key_value_heads)) for p in hand_off(params, layout)]
     return shape, pools
 
 
@@ -131,9 +131,9 @@ def test_kv_pools_split_over_each_replicas_tensor_devices(replicas, params):
     tp = 8 // replicas
     layout = ReplicaLayout.create(tensor_parallel_size=tp)
     shape, pools = replica_pools(layout, params)
-    for (k, v), mesh in zip(pools, layout.replicas):
-        assert k.sharding.mesh == mesh
-        assert k.sharding.spec == (P("tensor", None, None, None, None) if tp > 1 else P())
+    for pool, mesh in zip(pools, layout.replicas):
+        assert pool.sharding.mesh == mesh
+        assert pool.sharding.spec == (P(None, None, None, "tensor", None) if tp > 1 else P())  # [L, P, S, 2K, D]
     per_device = measured_bytes(pools)
     assert len(per_device) == 8
     for nbytes in per_device.values():

@@ -71,7 +71,7 @@ def test_sampler_over_a_mesh_matches_single_device(llama, roomy_sampler):
     want = roomy_sampler.generate(prompts, params)
     with Sampler(sharded, roomy_sampler.config) as sampler:
         got = sampler.generate(prompts, params)
-        assert sampler.engine.device.pool.k.sharding.spec[0] == "tensor"  # [K, L, P, S, D]: kv heads
+        assert sampler.engine.device.pool.kv.sharding.spec[3] == "tensor"  # [L, P, S, 2K, D]: kv heads
         assert sampler.num_compiled_programs == 2
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     np.testing.assert_allclose([c.log_probs for c in got], [c.log_probs for c in want], atol=1e-5)
