@@ -47,6 +47,23 @@ def test_greedy_matches_transformers_with_preemption(hf_models, family, mixed):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen2", "qwen3_moe"])
+def test_greedy_on_the_tpu_kernel_arguments_matches_transformers(hf_models, family):
+    """`attention=pallas_tpu` with mixed steps: every call's attention takes the TPU ragged
+    kernel's arguments (off TPU, the jnp reference of the kernel on them), mixed calls as
+    one ragged call over their flat stream; greedy tokens are still transformers', with
+    preemption."""
+    hf, path = hf_models[family]
+    prompts = random_prompts(LENGTHS, seed=2)
+    with Sampler(load_hf(path), sampler_config(num_pages=16, mixed_steps=True, attention="pallas_tpu")) as sampler:
+        out = sampler.generate(prompts, SamplingParams(temperature=0.0, max_tokens=NEW))
+        stats = sampler.stats()
+    assert stats["num_preemptions"] > 0 and stats["num_mixed_steps"] > 0, stats
+    for prompt, completion in zip(prompts, out):
+        assert completion.token_ids == hf_greedy(hf, prompt, NEW)
+
+
+@pytest.mark.slow
 def test_moe_greedy_with_experts_over_the_mesh_matches_transformers(hf_models, monkeypatch):
     """Qwen3-MoE with its experts split over fsdp = 4 (and their width over tensor = 2):
     the sampler traces its programs under the experts' mesh, so its forward runs the
