@@ -120,7 +120,8 @@ def ragged_attention_reference(
     num_seqs: jax.Array,
 ) -> jax.Array:
     """Ragged paged attention in plain jnp, with the TPU kernel's arguments: q `[T, N, D]`,
-    kv_pages `[pages, S, 2K, D]`, page_indices `[R, W]` into it. Query i of sequence r
+    kv_pages `[pages, S, 2K, D']` (D' >= D: a padded pool's first D are read),
+    page_indices `[R, W]` into it. Query i of sequence r
     (`cu_q_lens[r] + i`) sits at position `kv_lens[r] - q_len + i` and sees the keys at
     positions up to its own. Each query gathers its sequence's pages (`[T, W*S, 2K, D]`):
     a test oracle and the CPU path, not for long sequences. Queries past
@@ -132,7 +133,7 @@ def ragged_attention_reference(
     kv_len = kv_lens[seq]  # [T]
     position = kv_len - (cu_q_lens[seq + 1] - token)  # [T]
     pages = kv_pages[page_indices[seq]]  # [T, W, S, 2K, D]
-    k, v = split_kv(pages.reshape(t, w * pages.shape[2], *pages.shape[3:]))  # [T, W*S, K, D] each
+    k, v = split_kv(pages.reshape(t, w * pages.shape[2], *pages.shape[3:])[..., :q.shape[-1]])  # [T, W*S, K, D]
     key_pos = jnp.arange(k.shape[1], dtype=jnp.int32)
     mask = (key_pos[None, :] <= position[:, None]) & (key_pos[None, :] < kv_len[:, None])  # [T, W*S]
     out = xla_attention(q[:, None], k.astype(q.dtype), v.astype(q.dtype), mask[:, None, :])[:, 0]  # [T, N, D]
@@ -270,12 +271,13 @@ def tpu_queries_per_block(tokens: int) -> int:
     return math.gcd(tokens, TPU_BLOCK_QUERIES)
 
 
-def check_tpu_shapes(head_dim: int) -> None:
-    """On a TPU the kernel puts head_dim on the 128 lanes (its softmax statistics are
-    128-lane tiles of the same rows)."""
-    if head_dim % TPU_LANES:
-        raise ValueError(f"attention='pallas_tpu' needs head_dim a multiple of {TPU_LANES} on a TPU, got {head_dim} "
-                         "(use attention=auto or reference)")
+def cache_head_dim(name: str, head_dim: int) -> int:
+    """The pool's head_dim under attention `name` (resolved). The TPU kernel takes head_dim
+    in multiples of the 128 lanes (its softmax statistics are 128-lane tiles of the same
+    rows), so `pallas_tpu` pads it up with zeros: a TPU lays a narrower last axis out on
+    128 lanes anyway, so the padding costs no HBM there. Every other attention keeps the
+    model's head_dim."""
+    return -(-head_dim // TPU_LANES) * TPU_LANES if name == "pallas_tpu" else head_dim
 
 
 def ragged_attention_tpu(
@@ -297,7 +299,9 @@ def ragged_attention_tpu(
     sequence's length). It takes `[pages, S, 2K, D]`: our pool `[L, P, S, 2K, D]` reshaped
     (free) to `[L*P, S, 2K, D]` with the layer's page ids offset by `layer * P`, so the
     pool is read in place. The page table is padded with the layer's null page to a
-    multiple of the block, and lengths are clamped to the padded table.
+    multiple of the block, and lengths are clamped to the padded table. A pool whose
+    head_dim is padded past q's (`cache_head_dim`) meets q padded with zeros (scores
+    unchanged, scaled by q's own head_dim) and the output's padding is dropped.
 
     `on_tpu=False`: `ragged_attention_reference` on the same arguments (TPU interpret
     mode cannot run this kernel). `mesh`: where the pool lives. On a mesh of several
@@ -306,7 +310,7 @@ def ragged_attention_tpu(
     (`cache_sharding`), whole on every device otherwise. The kernel's grid is sequential
     ("arbitrary"), so on a megacore chip (v4, v5p) it runs on one of the two TensorCores."""
     t, _, d = q.shape
-    flat, ids = _layer_pages(kv_cache, layer, page_table)  # [L*P, S, 2K, D], [R, W]
+    flat, ids = _layer_pages(kv_cache, layer, page_table)  # [L*P, S, 2K, D'], [R, W]; D' >= D
     page_size = flat.shape[1]
     block = tpu_pages_per_block(ids.shape[1], page_size)
     ids = _pad_to_blocks(ids, layer, kv_cache.shape[1], block)
@@ -314,6 +318,7 @@ def ragged_attention_tpu(
     if on_tpu:
         from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
 
+        q = jnp.pad(q, ((0, 0), (0, 0), (0, flat.shape[-1] - d)))
         kernel = functools.partial(ragged_paged_attention, sm_scale=d**-0.5, num_kv_pages_per_block=block,
                                    num_queries_per_block=tpu_queries_per_block(t))
     else:
@@ -325,7 +330,8 @@ def ragged_attention_tpu(
         kernel = jax.shard_map(kernel, mesh=mesh, check_vma=False,
                                in_specs=(P(None, heads, None), P(None, None, heads, None), P(), P(), P(), P()),
                                out_specs=P(None, heads, None))
-    return kernel(q, flat, lengths, ids, cu_q_lens.astype(jnp.int32), num_seqs.astype(jnp.int32))
+    out = kernel(q, flat, lengths, ids, cu_q_lens.astype(jnp.int32), num_seqs.astype(jnp.int32))
+    return out[..., :d]
 
 
 def paged_attention_tpu(
@@ -401,20 +407,17 @@ def _pallas_gpu(head_dim: int, page_size: int, mesh) -> PagedAttention:
 @register_paged_attention("pallas_tpu")
 def _pallas_tpu(head_dim: int, page_size: int, mesh) -> PagedAttention:
     on_tpu = target_backend() == "tpu"
-    if on_tpu:
-        check_tpu_shapes(head_dim)
     rows = functools.partial(paged_attention_tpu, on_tpu=on_tpu, mesh=mesh)
     return PagedAttention("pallas_tpu", rows, rows, functools.partial(ragged_attention_tpu, on_tpu=on_tpu, mesh=mesh))
 
 
 def choose_paged_attention(backend: str, head_dim: int) -> str:
-    """What `auto` runs: the TPU ragged kernel on a TPU when head_dim fills the 128 lanes
-    (`check_tpu_shapes`), else the reference. The GPU kernel ("pallas") is not chosen:
-    it matches the reference in interpret mode and lowers to Triton, but has not been
-    run on a GPU here (tests/rollout/test_attention.py runs it when one is present)."""
-    if backend == "tpu" and head_dim % TPU_LANES == 0:
-        return "pallas_tpu"
-    return "reference"
+    """What `auto` runs: the TPU ragged kernel on a TPU (any head_dim: the pool pads it to
+    the lanes, `cache_head_dim`), else the reference. The GPU kernel ("pallas") is not
+    chosen: it matches the reference in interpret mode and lowers to Triton, but has not
+    been run on a GPU here (tests/rollout/test_attention.py runs it when one is present)."""
+    del head_dim
+    return "pallas_tpu" if backend == "tpu" else "reference"
 
 
 def resolve_paged_attention(name: str, head_dim: int) -> str:

@@ -54,9 +54,10 @@ def run_layers(model: Decoder, kv_cache: jax.Array, tokens: jax.Array, positions
         x, cache = carry  # x [B, T, E]
         p, layer = xs
         q, k, v = attention_inputs(p, x, cos, sin, config)  # q [B, T, N, D], k / v [B, T, K, D]
+        pad = ((0, 0),) * 3 + ((0, cache.shape[-1] - k.shape[-1]),)  # a pool padded past head_dim takes zeros
         # each token's [2K, D] keys and values are one contiguous window of the [L, P, S, 2K, D] pool
-        cache = cache.at[layer, write_page, write_slot].set(interleave_kv(k, v).astype(cache.dtype),
-                                                            mode="promise_in_bounds")
+        cache = cache.at[layer, write_page, write_slot].set(interleave_kv(jnp.pad(k, pad), jnp.pad(v, pad))
+                                                            .astype(cache.dtype), mode="promise_in_bounds")
         attn = attend(q, cache, layer)  # [B, T, N, D]
         x, routing = attention_output_and_mlp(p, x, attn.astype(x.dtype), config, valid=valid)  # [B, T, E]
         return (x, cache), (routing.experts if record and routing is not None else None)  # [B, T, k]

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax.models.config import ModelConfig
+from rljax.rollout.attention import cache_head_dim, resolve_paged_attention
 from rljax.rollout.config import SamplerConfig
 
 
@@ -69,7 +70,7 @@ def free_device_memory(device: jax.Device | None = None) -> int | None:
 def plan_cache(model_config: ModelConfig, config: SamplerConfig, dtype, device: jax.Device | None = None) -> CacheShape:
     """Decide the pool size: explicit `num_pages`, else `memory_fraction` of `device`'s
     free memory (default: the first device), else room for `max_num_seqs` full-length
-    sequences (plus the null page)."""
+    sequences (plus the null page). Its head_dim is the attention's (`cache_head_dim`)."""
     kv = config.kv_cache
     dtype = jnp.dtype(kv.dtype) if kv.dtype else jnp.dtype(dtype)
     base = CacheShape(
@@ -77,7 +78,8 @@ def plan_cache(model_config: ModelConfig, config: SamplerConfig, dtype, device: 
         num_pages=2,
         page_size=kv.page_size,
         kv_heads=model_config.num_key_value_heads,
-        head_dim=model_config.head_dim,
+        head_dim=cache_head_dim(resolve_paged_attention(config.attention, model_config.head_dim),
+                                model_config.head_dim),
         dtype=dtype,
     )
     if kv.num_pages is not None:

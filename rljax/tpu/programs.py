@@ -40,7 +40,7 @@ from rljax.rl.config import RLConfig
 from rljax.rl.forwards import BatchForwards
 from rljax.rl.learner import learner_update
 from rljax.rl.actor_critic import ActorBatch, CriticBatch, actor_objective, critic_objective
-from rljax.rollout.attention import resolve_paged_attention, tpu_queries_per_block
+from rljax.rollout.attention import cache_head_dim, resolve_paged_attention, tpu_queries_per_block
 from rljax.rollout.buckets import Buckets
 from rljax.rollout.config import SamplerConfig
 from rljax.rollout.device_step import make_programs
@@ -317,9 +317,13 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
     budget they leave, with the most rows."""
     dtype = jnp.dtype(config.kv_cache.dtype or compute_dtype)  # as `plan_cache` sizes it
     pool_sharding = cache_sharding(state, model.num_key_value_heads)
+    with compiling_for(_platform(mesh)):
+        fns = make_programs(graphdef, config, model.head_dim, pool_sharding=pool_sharding)
+        kernel = resolve_paged_attention(config.attention, model.head_dim)
+    head_dim = cache_head_dim(kernel, model.head_dim)
     # a 0-layer build (the roofline's) still traces the layer loop's body: give it one layer of pool
     shape = CacheShape(max(model.num_hidden_layers, 1), num_pages, config.kv_cache.page_size,
-                       model.num_key_value_heads, model.head_dim, dtype)
+                       model.num_key_value_heads, head_dim, dtype)
     pool = jax.ShapeDtypeStruct(shape.pool_shape, dtype, sharding=pool_sharding)  # [L, P, S, 2K, D]
     buckets = Buckets.from_config(config)
     rep = replicated(mesh)
@@ -333,9 +337,6 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
                               arr((b,), jnp.float32), arr((b,), jnp.uint32), arr((b, 2), jnp.uint32),
                               arr((b,), jnp.int32))
 
-    with compiling_for(_platform(mesh)):
-        fns = make_programs(graphdef, config, model.head_dim, pool_sharding=pool_sharding)
-        kernel = resolve_paged_attention(config.attention, model.head_dim)
     width = buckets.width[-1]
     length = width * config.kv_cache.page_size
     tensor = mesh.shape.get("tensor", 1)
@@ -351,7 +352,7 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
             return 0.0
         block = tpu_queries_per_block(sum(q_lens))
         reads = sum(-(-q // block) for q in q_lens)  # one sequence's tables per query block it spans, about
-        return 2.0 * reads * model.num_hidden_layers * heads * length * model.head_dim * dtype.itemsize
+        return 2.0 * reads * model.num_hidden_layers * heads * length * head_dim * dtype.itemsize
 
     out = []
     budget = config.max_num_batched_tokens

@@ -262,17 +262,19 @@ HEAD_DIM_128 = ("{model_type: qwen2, vocab_size: 1024, hidden_size: 256, interme
 
 
 @needs_libtpu
-@pytest.mark.parametrize("topology, tp", [
-    ("v5e:2x2", 0),  # the pool whole on the training mesh's 4 chips
-    ("v5e:2x2", 2),  # split over a replica's 2 chips
-    ("v5p:2x2x1", 0),  # megacore chips
+@pytest.mark.parametrize("topology, tp, head_dim", [
+    ("v5e:2x2", 0, 128),  # the pool whole on the training mesh's 4 chips
+    ("v5e:2x2", 2, 128),  # split over a replica's 2 chips
+    ("v5p:2x2x1", 0, 128),  # megacore chips
+    ("v5e:2x2", 2, 64),  # Qwen2.5-0.5B's head_dim: the pool padded to the 128 lanes
 ])
-def test_sampler_programs_run_the_tpu_ragged_kernel_on_the_pool_in_place(topology, tp):
-    """head_dim 128 on a TPU: `rollout.attention: auto` is the Mosaic ragged
-    paged-attention kernel in prefill, decode and mixed programs, reading the pool where
-    it is: no compiled program holds a copy, transpose or gather of a pool-sized array
-    (only the in-place scatter of the step's keys and values)."""
-    cfg = load_config(RLConfig, QUICKSTART, [f"model.hf_config={HEAD_DIM_128}", "model.compute_dtype=bfloat16",
+def test_sampler_programs_run_the_tpu_ragged_kernel_on_the_pool_in_place(topology, tp, head_dim):
+    """On a TPU `rollout.attention: auto` is the Mosaic ragged paged-attention kernel in
+    prefill, decode and mixed programs, reading the pool where it is: no compiled program
+    holds a copy, transpose or gather of a pool-sized array (only the in-place scatter of
+    the step's keys and values)."""
+    model = HEAD_DIM_128.replace("}", f", head_dim: {head_dim}}}")
+    cfg = load_config(RLConfig, QUICKSTART, [f"model.hf_config={model}", "model.compute_dtype=bfloat16",
                                              f"rollout.tensor_parallel_size={tp}", "rollout.max_num_seqs=8",
                                              "rollout.page_size=16", "model.attention=auto",
                                              "rollout.mixed_steps=true"])
@@ -283,14 +285,14 @@ def test_sampler_programs_run_the_tpu_ragged_kernel_on_the_pool_in_place(topolog
     # carries them per chip (causal scores and values, 2 * 2 * T * h * d / 2 per layer and token, x3)
     train, row = run.programs[0], cfg.data.max_prompt_length + cfg.rollout.response_length
     assert train.kind == "train"
-    assert train.kernel_flops == train.tokens * 3 * 2 * (2 * 2 * row * 2 * 128 / 2) / len(devices)
+    assert train.kernel_flops == train.tokens * 3 * 2 * (2 * 2 * row * 2 * head_dim / 2) / len(devices)
     sampler = {p.kind: p for p in run.programs if p.kind in ("prefill", "decode", "mixed")}
     assert set(sampler) == {"prefill", "decode", "mixed"}
     decode = sampler["decode"]
     assert "pallas_tpu attention" in decode.name
     pool = decode.args[1]  # [L, P, S, 2K, D], bf16
     layers, pages, page, two_k, d = pool.sharding.shard_shape(pool.shape)  # one chip's
-    assert two_k == 2 * (1 if tp == 2 else 2)
+    assert two_k == 2 * (1 if tp == 2 else 2) and d == 128
     # keys and values of 8 rows x 3 pages x 16 tokens, 2 layers, 4 steps, the chip's kv heads, bf16
     assert decode.kernel_bytes == 2 * 4 * 8 * 2 * (two_k // 2) * 3 * 16 * d * 2
     assert sampler["prefill"].kernel_bytes > 0 and sampler["mixed"].kernel_bytes > decode.kernel_bytes

@@ -150,12 +150,12 @@ def test_rows_through_the_ragged_kernel_equal_the_reference(t):
     kv_lens = jnp.asarray(lengths, jnp.int32)
     q = jnp.asarray(np.random.default_rng(9).normal(size=(len(lengths), t, N, D)).astype(np.float32))
     want = paged_attention_reference(q, pool, jnp.int32(1), table, positions, kv_lens)
-    kernel = functools.partial(ref_ragged_paged_attention, sm_scale=D**-0.5)  # eager: its loop needs num_seqs
     for on_tpu in (False, True):  # ours on the CPU path; JAX's reference standing in for the kernel
         if on_tpu:
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr("jax.experimental.pallas.ops.tpu.ragged_paged_attention.ragged_paged_attention",
-                              lambda *a, sm_scale, num_kv_pages_per_block, num_queries_per_block: kernel(*a))
+                              lambda *a, sm_scale, num_kv_pages_per_block, num_queries_per_block:
+                              ref_ragged_paged_attention(*a, sm_scale=sm_scale))  # eager: its loop needs num_seqs
                 got = paged_attention_tpu(q, pool, jnp.int32(1), table, positions, kv_lens, on_tpu=True)
         else:
             got = jax.jit(functools.partial(paged_attention_tpu, on_tpu=False))(q, pool, jnp.int32(1), table, positions,
@@ -209,21 +209,40 @@ def test_engine_with_the_tpu_kernel_arguments_matches_reference_engine(llama, mi
     np.testing.assert_allclose([c.log_probs for c in got], [c.log_probs for c in want], atol=1e-5)
 
 
-def test_auto_attention_is_the_tpu_kernel_on_tpu_when_head_dim_fills_the_lanes():
+def test_auto_attention_is_the_tpu_kernel_on_tpu_with_the_pool_padded_to_the_lanes():
     from rljax.models.attention import compiling_for
-    from rljax.rollout.attention import choose_paged_attention, paged_attention
+    from rljax.rollout.attention import cache_head_dim, choose_paged_attention, paged_attention
 
-    assert choose_paged_attention("tpu", 128) == choose_paged_attention("tpu", 256) == "pallas_tpu"
-    for backend, head_dim in [("tpu", 64), ("tpu", 96), ("gpu", 128), ("cpu", 128)]:
-        assert choose_paged_attention(backend, head_dim) == "reference"
+    for head_dim in (64, 96, 128, 256):
+        assert choose_paged_attention("tpu", head_dim) == "pallas_tpu"
+        assert choose_paged_attention("gpu", head_dim) == choose_paged_attention("cpu", head_dim) == "reference"
+    assert [cache_head_dim("pallas_tpu", d) for d in (64, 96, 128, 200)] == [128, 128, 128, 256]
+    assert [cache_head_dim(name, 64) for name in ("reference", "pallas")] == [64, 64]
     assert paged_attention("auto", 128, 16).name == "reference"  # on this CPU host
     with compiling_for("tpu"):  # what `rljax compile` traces under for a TPU topology
-        tpu = paged_attention("auto", 128, 16)
+        tpu = paged_attention("auto", 64, 16)
         assert tpu.name == "pallas_tpu" and tpu.decode.func is paged_attention_tpu
         assert tpu.decode.keywords["on_tpu"] is True and tpu.ragged.func is ragged_attention_tpu
-        assert paged_attention("auto", 64, 16).name == "reference"
-        with pytest.raises(ValueError, match=r"pallas_tpu' needs head_dim a multiple of 128 on a TPU, got 64"):
-            paged_attention("pallas_tpu", 64, 16)
     assert paged_attention("pallas_tpu", 64, 16).decode.keywords["on_tpu"] is False  # off TPU: the reference
     with pytest.raises(ValueError, match=r"unknown paged attention 'flash'.*pallas_tpu"):
         paged_attention("flash", 128, 16)
+
+
+def test_a_pool_padded_past_head_dim_gives_the_same_attention():
+    """`pallas_tpu` pads the pool's head_dim to the 128 lanes: keys and values padded with
+    zeros and q padded (on a TPU) or the pages cut to q's head_dim (the reference) give the
+    unpadded attention, scaled by q's own head_dim."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ref_ragged_paged_attention
+
+    pool, table, _, _ = scattered(12, [45, 1, 33, 5], 12)  # D = 16
+    padded = jnp.pad(pool, ((0, 0),) * 4 + ((0, 128 - D),))
+    q = jnp.asarray(np.random.default_rng(13).normal(size=(4, 1, N, D)).astype(np.float32))
+    kv_lens = jnp.asarray([45, 1, 33, 5], jnp.int32)
+    args = (jnp.int32(0), table, kv_lens[:, None] - 1, kv_lens)
+    want = paged_attention_reference(q, pool, *args)
+    np.testing.assert_allclose(paged_attention_tpu(q, padded, *args, on_tpu=False), want, atol=2e-6)
+    with pytest.MonkeyPatch.context() as patch:  # JAX's reference of the kernel, as the kernel sees the padding
+        patch.setattr("jax.experimental.pallas.ops.tpu.ragged_paged_attention.ragged_paged_attention",
+                      lambda *a, sm_scale, num_kv_pages_per_block, num_queries_per_block:
+                      ref_ragged_paged_attention(*a, sm_scale=sm_scale))
+        np.testing.assert_allclose(paged_attention_tpu(q, padded, *args, on_tpu=True), want, atol=2e-6)
