@@ -216,13 +216,23 @@ def logits_bytes(cfg, rows: int, seq: int, tensor: int, backend: str = "gpu") ->
     return int(2 * rows * chunk * vocab * 4)
 
 
-def kv_cache_bytes(cfg, seqs: int, length: int, mesh, dtype_bytes: int) -> int:
-    """2 (k and v) x L x ceil(seqs / (data x fsdp)) x len x ceil(k / t) x D x bytes."""
+def kv_cache_bytes(cfg, seqs: int, length: int, mesh, dtype_bytes: int, head_dim: int | None = None) -> int:
+    """2 (k and v) x L x ceil(seqs / (data x fsdp)) x len x ceil(k / t) x D x bytes; D: the
+    pool's head_dim (`head_dim`, default the model's)."""
     from rljax.parallel import data_parallel_size
 
     per_device_seqs = math.ceil(seqs / data_parallel_size(mesh))
     kv_heads = math.ceil(cfg.num_key_value_heads / mesh.shape["tensor"])
-    return 2 * cfg.num_hidden_layers * per_device_seqs * length * kv_heads * cfg.head_dim * dtype_bytes
+    return 2 * cfg.num_hidden_layers * per_device_seqs * length * kv_heads * (head_dim or cfg.head_dim) * dtype_bytes
+
+
+def pool_head_dim(cfg, attention: str, backend: str) -> int:
+    """The KV pool's head_dim when `attention` (`rollout.attention`) runs on `backend`:
+    the TPU kernel's pool pads it to the 128 lanes (`rljax.rollout.attention.cache_head_dim`)."""
+    from rljax.rollout.attention import cache_head_dim, choose_paged_attention
+
+    name = choose_paged_attention(backend, cfg.head_dim) if attention == "auto" else attention
+    return cache_head_dim(name, cfg.head_dim)
 
 
 @dataclass(frozen=True)
@@ -255,11 +265,11 @@ class RolloutPlan:
 
 
 def rollout_plan(cfg, params, devices: int, rollout, seq_len: int, kv_seqs: int | None, kv_len: int | None,
-                 dtype, weight_dtype: str) -> RolloutPlan:
+                 dtype, weight_dtype: str, head_dim: int | None = None) -> RolloutPlan:
     """Per-device memory of the rollout replicas, holding the weights in `weight_dtype`.
     Pages: `rollout.num_pages` (each replica's pool), else room for `kv_seqs` (default
     `rollout.max_num_seqs`) sequences of `kv_len` (default prompt + response) tokens per
-    replica, plus the null page."""
+    replica, plus the null page. `head_dim`: the pool's (default the model's)."""
     from rljax.parallel import MeshConfig, ShardingError, abstract_mesh, planned_bytes, state_shardings
     from rljax.rollout.handoff import cast_shapes
     from rljax.rollout.kv_cache import CacheShape
@@ -275,7 +285,8 @@ def rollout_plan(cfg, params, devices: int, rollout, seq_len: int, kv_seqs: int 
     uncast = planned_bytes(params, replica_shardings)
     weights = planned_bytes(cast_shapes(params, weight_dtype), replica_shardings)
     pages = rollout.num_pages or (kv_seqs or rollout.max_num_seqs) * -(-(kv_len or seq_len) // page_size) + 1
-    shape = CacheShape(cfg.num_hidden_layers, pages, page_size, cfg.num_key_value_heads, cfg.head_dim, dtype)
+    shape = CacheShape(cfg.num_hidden_layers, pages, page_size, cfg.num_key_value_heads, head_dim or cfg.head_dim,
+                       dtype)
     return RolloutPlan(dp=dp, tp=tp, weight_dtype=str(weight_dtype), uncast_weights_bytes=uncast, pages=pages, page_size=page_size, seq_len=seq_len,
                        sequences=(pages - 1) // -(-seq_len // page_size), weights_bytes=weights,
                        kv_bytes=kv_bytes_per_device(shape, tp), handoff_bytes=weights)
@@ -445,13 +456,14 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
     seqs = kv_seqs or sampler.max_num_seqs
     length = kv_len or sampler.max_model_len
     kv_bytes = jnp.dtype(kv_dtype or policy.compute).itemsize
+    head_dim = pool_head_dim(cfg, sampler.attention, backend)
     plan.kv.append((f"kv cache: {seqs} seqs x {length} tokens ({kv_dtype or policy.compute_dtype})",
-                    kv_cache_bytes(cfg, seqs, length, mesh, kv_bytes)))
-    per_token = kv_cache_bytes(cfg, data_parallel_size(mesh), 1, mesh, kv_bytes)
+                    kv_cache_bytes(cfg, seqs, length, mesh, kv_bytes, head_dim)))
+    per_token = kv_cache_bytes(cfg, data_parallel_size(mesh), 1, mesh, kv_bytes, head_dim)
     plan.kv.append(("kv cache per cached token (one sequence)", per_token))
     if rl and rl.rollout.tensor_parallel_size:  # replicas: their pools replace the training-mesh sampler's
         plan.rollout = rollout_plan(cfg, params, n_rollout, rl.rollout, rl.row_length, kv_seqs, kv_len,
-                                    jnp.dtype(kv_dtype or policy.compute), rl.rollout_weight_dtype)
+                                    jnp.dtype(kv_dtype or policy.compute), rl.rollout_weight_dtype, head_dim)
         if not split and plan.rollout.weights_bytes != plan.rollout.uncast_weights_bytes:
             from rljax.rollout.handoff import cast_shapes
 

@@ -52,9 +52,9 @@ class SamplerConfig:
     attention: paged attention. "reference" (plain jnp gather + mask, the oracle),
         "pallas" (a Pallas decode kernel for GPU, interpreted elsewhere; prefill runs the
         reference), "pallas_tpu" (JAX's TPU ragged paged-attention kernel on the pool in
-        place, for decode, prefill and mixed steps; head_dim a multiple of 128 on a TPU;
-        elsewhere a jnp reference of the kernel on the same arguments), or "auto":
-        pallas_tpu on a TPU when head_dim % 128 == 0, else the reference
+        place, for decode, prefill and mixed steps, the pool's head_dim padded to the 128
+        lanes; elsewhere a jnp reference of the kernel on the same arguments), or "auto":
+        pallas_tpu on a TPU, else the reference
         (`rljax.rollout.attention.choose_paged_attention`).
     enable_prefix_caching: keep the full pages of finished (and preempted) sequences and
         reuse them for any later sequence that starts with the same tokens: an agent's

@@ -226,3 +226,20 @@ def test_cpu_plan_counts_what_xla_cpu_keeps_unfused():
     h, k, d, m, c = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size, 4)
     extra = cfg.num_hidden_layers * b * t * (c * ((h + k) * d + m) + 4 * h * t)
     assert act("cpu") - act("gpu") == extra
+
+
+def test_the_kv_pool_is_planned_at_the_head_dim_its_attention_lays_out():
+    """On a TPU `auto` is the ragged kernel, whose pool pads head_dim to the 128 lanes: a
+    head_dim-64 model's pool is planned at twice its GPU size; `reference` keeps 64."""
+    from types import SimpleNamespace
+
+    from rljax.commands.plan import kv_cache_bytes, pool_head_dim
+    from rljax.parallel import MeshConfig, abstract_mesh
+
+    cfg = SimpleNamespace(head_dim=64, num_hidden_layers=24, num_key_value_heads=2)
+    assert pool_head_dim(cfg, "auto", "tpu") == 128 == pool_head_dim(cfg, "pallas_tpu", "gpu")
+    assert pool_head_dim(cfg, "auto", "gpu") == pool_head_dim(cfg, "reference", "tpu") == 64
+    mesh = abstract_mesh(MeshConfig(data=1, fsdp=1, tensor=1), 1)
+    # 2 (k, v) x 24 layers x 1 sequence x 16 tokens x 2 kv heads x D x 2 bytes
+    assert kv_cache_bytes(cfg, 1, 16, mesh, 2, pool_head_dim(cfg, "auto", "tpu")) == 2 * 24 * 16 * 2 * 128 * 2
+    assert kv_cache_bytes(cfg, 1, 16, mesh, 2) == 2 * 24 * 16 * 2 * 64 * 2
