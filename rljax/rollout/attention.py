@@ -274,9 +274,9 @@ def tpu_queries_per_block(tokens: int) -> int:
 def cache_head_dim(name: str, head_dim: int) -> int:
     """The pool's head_dim under attention `name` (resolved). The TPU kernel takes head_dim
     in multiples of the 128 lanes (its softmax statistics are 128-lane tiles of the same
-    rows), so `pallas_tpu` pads it up with zeros: a TPU lays a narrower last axis out on
-    128 lanes anyway, so the padding costs no HBM there. Every other attention keeps the
-    model's head_dim."""
+    rows), so `pallas_tpu` pads it up with zeros (a head_dim of 64 doubles the pool's
+    bytes: a TPU packs a narrower last axis, so the padding is real HBM). Every other
+    attention keeps the model's head_dim."""
     return -(-head_dim // TPU_LANES) * TPU_LANES if name == "pallas_tpu" else head_dim
 
 
