@@ -253,8 +253,8 @@ def test_a_tp4_replica_of_a_multi_host_slice_compiles_on_its_own_topology():
     result = compile_program(decode)
     assert result.error is None, result.error
     pool = decode.args[1]
-    assert pool.sharding.spec[0] == "tensor"  # [K, L, P, S, D]: 4 kv heads over the replica's 4 chips
-    assert result.alias_bytes >= 2 * planned_bytes(pool, pool.sharding)
+    assert pool.sharding.spec[3] == "tensor"  # [L, P, S, 2K, D]: 4 kv heads over the replica's 4 chips
+    assert result.alias_bytes >= planned_bytes(pool, pool.sharding)
 
 
 HEAD_DIM_128 = ("{model_type: qwen2, vocab_size: 1024, hidden_size: 256, intermediate_size: 256, num_hidden_layers: 2, "
@@ -403,7 +403,7 @@ def test_async_compile_splits_the_slice_and_compiles_the_union_transfer(capsys):
     assert names == ["actor train step [256x40, 1 micro]",
                      "weight transfer (trainer chips -> rollout chips, one program over the union of 8 chips)",
                      "weight hand-off (float32, trainer layout on the rollout chips -> 4 replicas x tp=1)",
-                     "decode [128x1 x 4 steps, W=5, reference attention]"], out
+                     "decode [128x1 x 4 steps, W=5, pallas_tpu attention]"], out
     assert "FAILED" not in out
     assert rows[-2].startswith("trainer chips (4): ") and "rljax plan" in rows[-2]
     assert rows[-1].startswith("rollout chips (4): ")
