@@ -229,10 +229,9 @@ def kv_cache_bytes(cfg, seqs: int, length: int, mesh, dtype_bytes: int, head_dim
 def pool_head_dim(cfg, attention: str, backend: str) -> int:
     """The KV pool's head_dim when `attention` (`rollout.attention`) runs on `backend`:
     the TPU kernel's pool pads it to the 128 lanes (`rljax.rollout.attention.cache_head_dim`)."""
-    from rljax.rollout.attention import cache_head_dim, choose_paged_attention
+    from rljax.rollout.attention import cache_head_dim, resolve_paged_attention
 
-    name = choose_paged_attention(backend, cfg.head_dim) if attention == "auto" else attention
-    return cache_head_dim(name, cfg.head_dim)
+    return cache_head_dim(resolve_paged_attention(attention, backend), cfg.head_dim)
 
 
 @dataclass(frozen=True)

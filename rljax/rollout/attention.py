@@ -411,25 +411,25 @@ def _pallas_tpu(head_dim: int, page_size: int, mesh) -> PagedAttention:
     return PagedAttention("pallas_tpu", rows, rows, functools.partial(ragged_attention_tpu, on_tpu=on_tpu, mesh=mesh))
 
 
-def choose_paged_attention(backend: str, head_dim: int) -> str:
+def choose_paged_attention(backend: str) -> str:
     """What `auto` runs: the TPU ragged kernel on a TPU (any head_dim: the pool pads it to
     the lanes, `cache_head_dim`), else the reference. The GPU kernel ("pallas") is not
     chosen: it matches the reference in interpret mode and lowers to Triton, but has not
     been run on a GPU here (tests/rollout/test_attention.py runs it when one is present)."""
-    del head_dim
     return "pallas_tpu" if backend == "tpu" else "reference"
 
 
-def resolve_paged_attention(name: str, head_dim: int) -> str:
-    """`name`, or for "auto" what it runs on the platform being compiled for."""
-    return choose_paged_attention(target_backend(), head_dim) if name == "auto" else name
+def resolve_paged_attention(name: str, backend: str | None = None) -> str:
+    """`name`, or for "auto" what it runs on `backend` (default: the platform being
+    compiled for, `target_backend`)."""
+    return choose_paged_attention(backend or target_backend()) if name == "auto" else name
 
 
 def paged_attention(name: str, head_dim: int, page_size: int, mesh=None) -> PagedAttention:
     """The attention for a `SamplerConfig.attention` value, for the platform being
     compiled for (`target_backend`). `mesh`: where the pool lives (its `NamedSharding`'s
     mesh), for the kernels that run per shard."""
-    name = resolve_paged_attention(name, head_dim)
+    name = resolve_paged_attention(name)
     if name not in PAGED_ATTENTION:
         raise ValueError(f"unknown paged attention {name!r}; choose auto | {' | '.join(PAGED_ATTENTION)}")
     return PAGED_ATTENTION[name](head_dim, page_size, mesh)

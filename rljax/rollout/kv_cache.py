@@ -78,8 +78,7 @@ def plan_cache(model_config: ModelConfig, config: SamplerConfig, dtype, device: 
         num_pages=2,
         page_size=kv.page_size,
         kv_heads=model_config.num_key_value_heads,
-        head_dim=cache_head_dim(resolve_paged_attention(config.attention, model_config.head_dim),
-                                model_config.head_dim),
+        head_dim=cache_head_dim(resolve_paged_attention(config.attention), model_config.head_dim),
         dtype=dtype,
     )
     if kv.num_pages is not None:

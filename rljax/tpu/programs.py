@@ -319,7 +319,7 @@ def sampler_programs(graphdef: nnx.GraphDef, state, config: SamplerConfig, model
     pool_sharding = cache_sharding(state, model.num_key_value_heads)
     with compiling_for(_platform(mesh)):
         fns = make_programs(graphdef, config, model.head_dim, pool_sharding=pool_sharding)
-        kernel = resolve_paged_attention(config.attention, model.head_dim)
+        kernel = resolve_paged_attention(config.attention)
     head_dim = cache_head_dim(kernel, model.head_dim)
     # a 0-layer build (the roofline's) still traces the layer loop's body: give it one layer of pool
     shape = CacheShape(max(model.num_hidden_layers, 1), num_pages, config.kv_cache.page_size,

@@ -213,9 +213,8 @@ def test_auto_attention_is_the_tpu_kernel_on_tpu_with_the_pool_padded_to_the_lan
     from rljax.models.attention import compiling_for
     from rljax.rollout.attention import cache_head_dim, choose_paged_attention, paged_attention
 
-    for head_dim in (64, 96, 128, 256):
-        assert choose_paged_attention("tpu", head_dim) == "pallas_tpu"
-        assert choose_paged_attention("gpu", head_dim) == choose_paged_attention("cpu", head_dim) == "reference"
+    assert choose_paged_attention("tpu") == "pallas_tpu"  # any head_dim: the pool is padded (below)
+    assert choose_paged_attention("gpu") == choose_paged_attention("cpu") == "reference"
     assert [cache_head_dim("pallas_tpu", d) for d in (64, 96, 128, 200)] == [128, 128, 128, 256]
     assert [cache_head_dim(name, 64) for name in ("reference", "pallas")] == [64, 64]
     assert paged_attention("auto", 128, 16).name == "reference"  # on this CPU host
