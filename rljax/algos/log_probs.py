@@ -167,11 +167,15 @@ def log_probs_from_hidden(
     chunk_size: int | None | str = "auto",
     compute_entropy: bool = False,
     chunk_bytes: int = LOGITS_CHUNK_BYTES,
+    segment_ids: ArrayLike | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Aligned token log-probs (and entropies) from final hidden states and the unembedding.
 
         logits[:, t] = hidden[:, t] @ unembed / temperature     (float32 accumulation)
         out[:, t]    = log_softmax(logits[:, t - 1])[input_ids[:, t]],   out[:, 0] = 0
+
+    In packed rows (`segment_ids`) a sequence's first token has no prediction either:
+    out = 0 wherever the segment id changes.
 
     The sequence axis is cut into chunks of `chunk_size` positions (every row at once, so a
     batch sharded over devices stays sharded and all devices work on every step);
@@ -191,6 +195,7 @@ def log_probs_from_hidden(
             logits within `chunk_bytes`; `rljax.models.Decoder.hidden_log_probs` chooses
             by a device's share under the mesh instead).
         compute_entropy: also return the aligned entropies.
+        segment_ids: [B, T] int segment ids of packed rows (`rljax.rl.packing`), or None.
 
     Returns:
         log_probs [B, T] float32, or (log_probs, entropy) when `compute_entropy`.
@@ -206,10 +211,18 @@ def log_probs_from_hidden(
     stats = functools.partial(_chunk_stats, temperature=temperature, compute_entropy=compute_entropy)
     log_probs, entropy = map_position_chunks(  # [B, T] each, about the next token
         lambda w, h, t: stats(h, t, w), unembed, (hidden, targets), chunk_size)
-    log_probs = align_next_token(log_probs)  # [B, T], about input_ids[:, t]
+    aligned = align_next_token if segment_ids is None else functools.partial(_align_in_segments, segment_ids)
+    log_probs = aligned(log_probs)  # [B, T], about input_ids[:, t]
     if not compute_entropy:
         return log_probs
-    return log_probs, align_next_token(entropy)
+    return log_probs, aligned(entropy)
+
+
+def _align_in_segments(segment_ids: ArrayLike, per_position: jax.Array) -> jax.Array:
+    """`align_next_token`, and 0 at each segment's first token."""
+    ids = jnp.asarray(segment_ids)
+    starts = ids != jnp.concatenate([jnp.full_like(ids[:, :1], -1), ids[:, :-1]], axis=1)  # [B, T]
+    return jnp.where(starts, 0.0, align_next_token(per_position))
 
 
 __all__ = [

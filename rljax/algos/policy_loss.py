@@ -160,6 +160,9 @@ class PolicyLoss:
     core: Core
     fixed_agg_mode: str | None  # the paper's aggregation, whatever the caller asks (GSPO, GMPO); None: the caller's
     is_weights: WeightsFn  # how rollout IS weights enter the per-token losses
+    # a token's loss reads that token's arrays only (no sequence or batch statistics): the
+    # loss of a batch is the same whichever rows its tokens sit in (`rljax.rl.packing`)
+    per_token: bool
     fn: Callable[..., LossOut]
 
     def agg_mode(self, loss_agg_mode: str) -> str:
@@ -194,13 +197,15 @@ def register_policy_loss(
     fixed_agg_mode: str | None = None,
     is_weights: WeightsFn = per_token_weights,
     first_arg: str = "old_log_prob",
+    per_token: bool = True,
 ) -> Callable[[Core], Callable[..., LossOut]]:
     """Decorator: register `core` as the policy loss `name` and return its public function
     (see the module docstring), which carries the core's name and docstring.
 
     `default_agg_mode` is the public function's default `loss_agg_mode` and `first_arg` the
     name of its first argument (both as verl's function of that name); `fixed_agg_mode`,
-    when set, is used whatever the caller asks."""
+    when set, is used whatever the caller asks. `per_token=False`: a token's loss reads
+    statistics of its sequence or of the batch passed in."""
 
     def decorator(core: Core) -> Callable[..., LossOut]:
         signature = _loss_signature(first_arg, default_agg_mode)
@@ -227,7 +232,7 @@ def register_policy_loss(
         loss_fn.__name__ = loss_fn.__qualname__ = core.__name__
         loss_fn.__doc__ = core.__doc__
         loss_fn.__signature__ = signature  # type: ignore[attr-defined]
-        POLICY_LOSS_REGISTRY.add(PolicyLoss(name, core, fixed_agg_mode, is_weights, loss_fn), name)
+        POLICY_LOSS_REGISTRY.add(PolicyLoss(name, core, fixed_agg_mode, is_weights, per_token, loss_fn), name)
         return loss_fn
 
     return decorator
@@ -276,7 +281,8 @@ def compute_policy_loss_vanilla(
     return pg_losses, metrics
 
 
-@register_policy_loss("gspo", default_agg_mode="seq-mean-token-mean", fixed_agg_mode="seq-mean-token-mean")
+@register_policy_loss("gspo", default_agg_mode="seq-mean-token-mean", fixed_agg_mode="seq-mean-token-mean",
+                      per_token=False)
 def compute_policy_loss_gspo(
     old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
     config: PolicyLossParams, key: jax.Array | None,
@@ -390,7 +396,7 @@ def _centered_product(advantages: jax.Array, log_prob: jax.Array, mask: ArrayLik
     return (advantages - masked_mean(advantages, mask)) * (log_prob - masked_mean(log_prob, mask))
 
 
-@register_policy_loss("clip_cov")
+@register_policy_loss("clip_cov", per_token=False)
 def compute_policy_loss_clip_cov(
     old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
     config: PolicyLossParams, key: jax.Array | None,
@@ -436,7 +442,7 @@ def compute_policy_loss_clip_cov(
     return jnp.maximum(pg_losses1, pg_losses2) * corr, metrics
 
 
-@register_policy_loss("kl_cov")
+@register_policy_loss("kl_cov", per_token=False)
 def compute_policy_loss_kl_cov(
     old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
     config: PolicyLossParams, key: jax.Array | None,
@@ -468,7 +474,8 @@ def compute_policy_loss_kl_cov(
     return jnp.where(top, pg_losses_kl, pg_losses1), metrics
 
 
-@register_policy_loss("geo_mean", fixed_agg_mode="seq-mean-token-mean", is_weights=sequence_geometric_mean_weights)
+@register_policy_loss("geo_mean", fixed_agg_mode="seq-mean-token-mean", is_weights=sequence_geometric_mean_weights,
+                      per_token=False)
 def compute_policy_loss_geo_mean(
     old_log_prob: jax.Array, log_prob: jax.Array, advantages: jax.Array, response_mask: ArrayLike,
     config: PolicyLossParams, key: jax.Array | None,

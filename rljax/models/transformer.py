@@ -421,18 +421,20 @@ class Decoder(nnx.Module):
         return self.hidden_log_probs(hidden, input_ids, temperature=temperature, entropy=entropy)
 
     def hidden_log_probs(self, hidden: jax.Array, input_ids: jax.Array, *, temperature: float = 1.0,
-                         entropy: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+                         entropy: bool = False, segment_ids: jax.Array | None = None
+                         ) -> jax.Array | tuple[jax.Array, jax.Array]:
         """`token_log_probs` from final hidden states `[B, T, E]` (a caller that also needs
         the hidden states or the routing, e.g. the actor's objective). The chunk: as many
         positions (at most 256) as keep a device's float32 logits within
         `rljax.algos.log_probs.logits_chunk_bytes` of the platform traced for
         (`target_backend`), a device's block of rows and vocabulary read from the active
-        mesh (`positions_per_chunk`)."""
+        mesh (`positions_per_chunk`). `segment_ids`: packed rows, 0 at each sequence's
+        first token (`log_probs_from_hidden`)."""
         unembed = self.unembedding()  # [E, V]
         rows, length, vocab = activation_block((*input_ids.shape, unembed.shape[-1]), ("batch", "length", "vocab"))
         chunk = positions_per_chunk(length, rows, vocab, logits_chunk_bytes(target_backend()))
         return log_probs_from_hidden(hidden, unembed, input_ids, temperature=temperature, chunk_size=chunk,
-                                     compute_entropy=entropy)
+                                     compute_entropy=entropy, segment_ids=segment_ids)
 
     def __call__(
         self,

@@ -67,6 +67,10 @@ class ActorConfig:
     ppo_micro_batch_size_per_device: NonNegRows = 0
     ppo_epochs: Repeats = 1  # passes over the step's batch
     shuffle: bool = True  # reshuffle the rows into mini-batches at every epoch
+    # pack a mini-batch's sequences into as few rows as hold them and skip the micro-batches
+    # left empty (rljax.rl.packing), where the loss stays exactly the same: token-mean and a
+    # per-token policy loss (rljax.rl.actor_critic.packs_sequences); verl: use_remove_padding
+    pack_sequences: bool = True
     clip_ratio: NonNegFloat = 0.2  # PPO clip epsilon (both sides, unless low / high are set)
     clip_ratio_low: NonNegFloat | None = None  # epsilon below 1 (ratio >= 1 - low); null: clip_ratio
     clip_ratio_high: NonNegFloat | None = None  # epsilon above 1 (DAPO's clip-higher); null: clip_ratio

@@ -15,7 +15,12 @@ Each term is aggregated with its own global denominator over the whole mini-batc
 step's `totals`, computed once from the masks), so splitting into micro-batches and
 devices changes nothing. The step computes sum(numerator) / sum(denominator) over
 micro-batches; this objective returns numerator = R * (its share of L) and denominator =
-its row count (R = rows in the mini-batch), so that ratio is exactly L.
+its row count (R = rows in the mini-batch; rows count when they hold a token, so the empty
+rows that end a packed mini-batch count for nothing), so that ratio is exactly L.
+
+Packed mini-batches (`rljax.rl.packing`, when `packs_sequences`) carry `segment_ids`: the
+forwards attend within a sequence, positions restart at each one, and a sequence's first
+token gets log-prob 0 as a row's first token does.
 
 The policy-gradient term is multiplied by the rollout-correction IS weights
 (`algorithm.rollout_correction`, see `RolloutCorrectionConfig`): in decoupled mode the
@@ -51,7 +56,7 @@ from flax import nnx
 from rljax.algos.aggregation import AggTerms, agg_denominator, agg_loss_terms
 from rljax.algos.kl import FULL_KL, kl_from_hidden, kl_penalty
 from rljax.algos.masked import masked_mean, safe_divide
-from rljax.algos.registry import get_policy_loss_fn, loss_denominator
+from rljax.algos.registry import get_policy_loss, get_policy_loss_fn, loss_denominator
 from rljax.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
 from rljax.algos.router_loss import load_balancing_loss
 from rljax.algos.value import compute_value_loss
@@ -77,6 +82,9 @@ class ActorBatch:
     ref_log_probs: Array | None = None  # [B, T] f32 the reference's; a per-token KL loss reads it
     rollout_is_weights: Array | None = None  # [B, T] f32 decoupled rollout correction's IS weights
     expert_ids: Array | None = None  # [B, T, L, k] i32 routing to replay (actor.router_replay)
+    # [B, T] i32 packed rows (`rljax.rl.packing`): each token's sequence in its row (1, 2, ...; 0
+    # padding); None: one sequence per row
+    segment_ids: Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -96,7 +104,8 @@ def full_kl_to_reference(model, hidden, batch, reference_params, temperature: fl
     chunked: `kl_from_hidden`); the reference is `model`'s graph with the frozen params (None:
     `model` itself with its LoRA adapters off), and no gradient flows into it."""
     reference = model if reference_params is None else nnx.merge(nnx.graphdef(model), reference_params)
-    ref_hidden = sg(reference.hidden_states(batch.input_ids, attention_mask=batch.attention_mask, adapters=False))
+    ref_hidden = sg(reference.hidden_states(batch.input_ids, attention_mask=batch.attention_mask,
+                                            segment_ids=batch.segment_ids, adapters=False))
     return kl_from_hidden(hidden, model.unembedding(), ref_hidden, sg(reference.unembedding()),
                           temperature=temperature)
 
@@ -106,6 +115,29 @@ def effective_loss_mode(actor: ActorConfig, correction: RolloutCorrectionConfig)
     if correction.bypass_mode and correction.loss_type == "reinforce":
         return "reinforce"
     return actor.policy_loss.loss_mode
+
+
+def packs_sequences(actor: ActorConfig, correction: RolloutCorrectionConfig) -> bool:
+    """Whether the actor's update packs sequences (`rljax.rl.packing`): `actor.pack_sequences`
+    asks for it, and the loss is the same whichever rows the tokens sit in. That holds when
+    every term is a sum of per-token values over a mini-batch-wide count: "token-mean"
+    aggregation (the loss's own, when it fixes one), a loss whose token value reads only
+    that token (`PolicyLoss.per_token`), and in bypass mode no sequence-level or
+    batch-normalised IS weights, rejection or veto. Entropy, the KL terms and the MoE
+    load-balancing loss (per micro-batch, packed or not) keep their meaning."""
+    if not actor.pack_sequences:
+        return False
+    loss = get_policy_loss(effective_loss_mode(actor, correction))
+    if loss.agg_mode(actor.loss_agg_mode) != "token-mean" or not loss.per_token:
+        return False
+    return not correction.bypass_mode or (
+        correction.rollout_is in (None, "token") and not correction.rollout_is_batch_normalize
+        and correction.rollout_rs is None and correction.rollout_token_veto_threshold is None)
+
+
+def live_rows(attention_mask: jax.Array) -> jax.Array:
+    """Rows holding at least one real token (packed batches end in empty rows), float32."""
+    return jnp.sum(jnp.any(attention_mask > 0, axis=-1).astype(jnp.float32))
 
 
 def actor_objective(actor: ActorConfig, temperature: float,
@@ -128,7 +160,7 @@ def actor_objective(actor: ActorConfig, temperature: float,
         return {
             "pg": loss_denominator(loss_mode, batch.response_mask, mode),
             "agg": agg_denominator(batch.response_mask, mode),
-            "rows": jnp.asarray(batch.input_ids.shape[0], jnp.float32),
+            "rows": live_rows(batch.attention_mask),
         }
 
     def pg_weights_and_mask(batch, log_prob):
@@ -145,9 +177,10 @@ def actor_objective(actor: ActorConfig, temperature: float,
     def objective(model, batch, frozen, totals, key):
         mask = batch.response_mask
         hidden, routing = model.hidden_states_and_routing(  # [B, T, E], per-layer routing statistics
-            batch.input_ids, attention_mask=batch.attention_mask,
+            batch.input_ids, attention_mask=batch.attention_mask, segment_ids=batch.segment_ids,
             expert_ids=batch.expert_ids if actor.router_replay else None)
-        log_prob, entropy = model.hidden_log_probs(hidden, batch.input_ids, temperature=temperature, entropy=True)
+        log_prob, entropy = model.hidden_log_probs(hidden, batch.input_ids, temperature=temperature, entropy=True,
+                                                   segment_ids=batch.segment_ids)
         weights, pg_mask, metrics = pg_weights_and_mask(batch, log_prob)
         old = batch.old_log_probs
         if old is None:  # one update at the parameters the old forward would use: its log-probs, detached
@@ -156,10 +189,10 @@ def actor_objective(actor: ActorConfig, temperature: float,
         pg, pg_metrics = loss_fn(old, log_prob, batch.advantages, pg_mask, mode, config,
                                  weights, key=key, global_denominator=totals["pg"])
         metrics.update(pg_metrics)
-        rows = jnp.asarray(batch.input_ids.shape[0], jnp.float32)
+        rows = live_rows(batch.attention_mask)
         # a term's share of the mini-batch value, as a metric: the step weighs metrics by `rows`
         # and sums, so sum_m rows_m * (term_m * R / rows_m) / R = the mini-batch's term, exactly
-        as_metric = lambda term: sg(term * totals["rows"] / rows)  # noqa: E731
+        as_metric = lambda term: sg(safe_divide(term * totals["rows"], rows))  # noqa: E731
         entropy_loss = safe_divide(agg_loss_terms(entropy, mask, mode, actor.loss_scale_factor).numerator,
                                    totals["agg"])
         loss = pg - actor.entropy_coeff * entropy_loss

@@ -86,7 +86,7 @@ class StepBatch:
 
 
 # dtypes of the fields; every other field is float32
-_INT_FIELDS = ("input_ids", "attention_mask", "group_ids", "expert_ids")
+_INT_FIELDS = ("input_ids", "attention_mask", "group_ids", "expert_ids", "segment_ids")
 # fields of one entry per row; every other field but expert_ids is [B, T]
 _ROW_FIELDS = ("group_ids", "reward_baselines")
 _ALWAYS = ("input_ids", "attention_mask", "response_mask", "rollout_log_probs", "token_level_scores", "group_ids")
@@ -144,6 +144,7 @@ class BatchFields:
 
 
 V = TypeVar("V")
+_STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(StepBatch))
 
 
 def old_log_probs_from_update(cfg) -> bool:
@@ -168,8 +169,9 @@ def present(batch) -> dict[str, Array]:
 
 
 def take(view: type[V], batch: StepBatch) -> V:
-    """The `view` (a dataclass whose fields are `StepBatch` fields) of `batch`."""
-    return view(**{f.name: getattr(batch, f.name) for f in dataclasses.fields(view)})
+    """The `view` (a dataclass whose fields are `StepBatch` fields, and optional fields of
+    its own that stay at their default, e.g. packing's `segment_ids`) of `batch`."""
+    return view(**{f.name: getattr(batch, f.name) for f in dataclasses.fields(view) if f.name in _STEP_FIELDS})
 
 
 def select_rows(batch: V, rows: np.ndarray) -> V:
@@ -178,11 +180,11 @@ def select_rows(batch: V, rows: np.ndarray) -> V:
 
 
 def abstract_batch(view: type[V], fields: BatchFields, rows: int, length: int, routing: tuple[int, int] | None = None,
-                   sharding=None) -> V:
+                   sharding=None, packed: bool = False) -> V:
     """`jax.ShapeDtypeStruct`s of the `view` of a step batch of `rows x length` as the
-    update receives it (`routing`: (layers, experts per token) of a MoE model), as the run
-    lays them out."""
-    held = set(fields.names(updated=False))
+    update receives it (`routing`: (layers, experts per token) of a MoE model; `packed`:
+    with `segment_ids`, `rljax.rl.packing`), as the run lays them out."""
+    held = set(fields.names(updated=False)) | ({"segment_ids"} if packed else set())
 
     def spec(name: str):
         if name not in held:

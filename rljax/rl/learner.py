@@ -4,7 +4,9 @@ the mini-batch updates of one RL step.
 The update itself is the shared jitted train step (`rljax.train.steps.make_train_step`);
 here the step batch's view its objective reads (`inputs`, e.g.
 `rljax.rl.actor_critic.ActorBatch`) is cut into `ppo_mini_batch_size x rollout.n` row
-mini-batches, one optimizer step each, `ppo_epochs` times.
+mini-batches, one optimizer step each, `ppo_epochs` times. A learner that packs
+(`rljax.rl.packing`) packs each mini-batch's sequences into its first micro-batches, and
+the train step skips the empty ones.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -21,6 +24,7 @@ from rljax.hostsync import fetch, shard_global_batch
 from rljax.models.lora import join
 from rljax.parallel import data_parallel_size
 from rljax.rl.batch import StepBatch, present, select_rows, take
+from rljax.rl.packing import Packing, pack, plan_packing, unpack
 from rljax.rl.config import RLConfig
 from rljax.train.optim import OptimConfig, make_optimizer
 from rljax.train.setup import init_sharded_train_state, place_trainable, train_state_shardings
@@ -40,6 +44,9 @@ class Learner:
     inputs: type  # the view of the step batch the objective reads (`rljax.rl.batch.take`)
     base: nnx.State  # the module's frozen weights (LoRA: the base model; else empty), never donated
     name: str  # "actor" | "critic": the prefix of the train step's metrics (verl's actor/grad_norm, critic/lr)
+    micro_rows: int  # rows of a micro-batch, over all devices
+    devices: int  # data-parallel devices a micro-batch is split over
+    packed: bool  # pack each mini-batch's sequences (`rljax.rl.packing`); the step skips empty micro-batches
 
     @property
     def params(self) -> nnx.State:
@@ -55,12 +62,16 @@ class Learner:
         batch in its row order, from the first pass)."""
         view = take(self.inputs, batch)
         rows = batch.rows
-        outputs, orders = [], []
+        outputs, orders, packings = [], [], []
         for _ in range(self.epochs):
             order = rng.permutation(rows) if self.shuffle else np.arange(rows)  # [rows]
             for start in range(0, rows, self.mini_batch_rows):
                 orders.append(order[start : start + self.mini_batch_rows])
                 mini = select_rows(view, orders[-1])
+                packings.append(plan_packing(mini.attention_mask, self.micro_rows, self.devices)
+                                if self.packed else None)
+                if self.packed:
+                    mini = pack(mini, packings[-1])
                 mini = dataclasses.replace(mini, **shard_global_batch(present(mini), mesh))
                 self.state, metrics = self.step(self.state, mini, frozen, self.base)
                 outputs.append(metrics)
@@ -69,11 +80,17 @@ class Learner:
         for name in (k for k in host[0] if k.startswith(ROWS)):
             first = host[: -(-rows // self.mini_batch_rows)]  # the first pass covers every row once
             full = np.zeros((rows, *first[0][name].shape[1:]), first[0][name].dtype)
-            for metrics, order in zip(first, orders):
-                full[order] = metrics[name]
+            for metrics, order, packing in zip(first, orders, packings):
+                full[order] = metrics[name] if packing is None else unpack(metrics[name], packing)
             per_row[name.removeprefix(ROWS)] = full
         named = lambda k: f"{self.name}/{k.removeprefix('train/')}" if k.startswith("train/") else k  # noqa: E731
-        return {named(k): float(np.mean([m[k] for m in host])) for k in host[0] if not k.startswith(ROWS)}, per_row
+        summary = {named(k): float(np.mean([m[k] for m in host])) for k in host[0] if not k.startswith(ROWS)}
+        summary[f"{self.name}/micro_batches"] = float(np.mean([self._micro_batches_run(p) for p in packings]))
+        return summary, per_row
+
+    def _micro_batches_run(self, packing: Packing | None) -> int:
+        """Micro-batches the train step ran on a mini-batch (packed: those holding a token)."""
+        return self.mini_batch_rows // self.micro_rows if packing is None else packing.micro_batches
 
     def updates_per_step(self, rows: int) -> int:
         """Optimizer steps `update` takes on a batch of `rows` rows."""
@@ -91,13 +108,15 @@ class LearnerUpdate:
     state_sharding: TrainState  # of NamedShardings
     mini_rows: int
     micro_rows: int
+    packed: bool  # the step takes packed mini-batches and skips micro-batches without a token
 
 
 def learner_update(graphdef: nnx.GraphDef, params, optim: OptimConfig, objective, totals_fn, cfg: RLConfig, mesh,
-                   mini_prompts: int, micro_per_device: int, epochs: int) -> LearnerUpdate:
+                   mini_prompts: int, micro_per_device: int, epochs: int, pack: bool = False) -> LearnerUpdate:
     """The optimizer (scheduled over every update of the run) and the train step on
     `mini_prompts x rollout.n` row mini-batches cut in micro-batches of `micro_per_device`
-    rows per data-parallel device (0: one)."""
+    rows per data-parallel device (0: one). `pack`: the mini-batches are packed
+    (`rljax.rl.packing`), worth it with more than one micro-batch only."""
     optimizer, schedule = make_optimizer(optim, cfg.trainer.total_steps * _updates_per_step(cfg, mini_prompts, epochs))
     mini_rows = mini_prompts * cfg.rollout.n
     micro_rows = micro_per_device * data_parallel_size(mesh) if micro_per_device else mini_rows
@@ -107,23 +126,29 @@ def learner_update(graphdef: nnx.GraphDef, params, optim: OptimConfig, objective
             f"{mini_prompts}x{cfg.rollout.n} rows, itself a multiple of the micro-batch {micro_rows} rows"
         )
     sharding = train_state_shardings(params, optimizer, mesh)
+    packed = pack and mini_rows > micro_rows
     step = make_train_step(graphdef, objective, optimizer, schedule, mini_rows // micro_rows,
-                           state_sharding=sharding, totals_fn=totals_fn)
-    return LearnerUpdate(optimizer, step, sharding, mini_rows, micro_rows)
+                           state_sharding=sharding, totals_fn=totals_fn, live=_holds_a_token if packed else None)
+    return LearnerUpdate(optimizer, step, sharding, mini_rows, micro_rows, packed)
+
+
+def _holds_a_token(micro_batch) -> jax.Array:
+    return jnp.any(micro_batch.attention_mask > 0)
 
 
 def make_learner(module: nnx.Module, optim: OptimConfig, objective, totals_fn, cfg: RLConfig, mesh,
                  mini_prompts: int, micro_per_device: int, epochs: int, shuffle: bool, inputs: type,
-                 seed: int, name: str) -> Learner:
+                 seed: int, name: str, pack: bool = False) -> Learner:
     """Place `module` on the mesh, build its optimizer and train step (`learner_update`,
     over the trainable params: with LoRA the adapters and a head) and its sharded
     TrainState; the frozen base stays beside it. `inputs`: the view of the step batch
-    `objective` reads; `name` prefixes its metrics."""
+    `objective` reads (with a `segment_ids` field when `pack`); `name` prefixes its metrics."""
     graphdef, params, base = place_trainable(module, mesh)
     update = learner_update(graphdef, params, optim, objective, totals_fn, cfg, mesh, mini_prompts,
-                            micro_per_device, epochs)
+                            micro_per_device, epochs, pack)
     state = init_sharded_train_state(params, update.optimizer, seed, mesh)
-    return Learner(graphdef, state, update.step, update.mini_rows, epochs, shuffle, inputs, base, name)
+    return Learner(graphdef, state, update.step, update.mini_rows, epochs, shuffle, inputs, base, name,
+                   update.micro_rows, data_parallel_size(mesh), update.packed)
 
 
 def _updates_per_step(cfg: RLConfig, mini_prompts: int, epochs: int) -> int:

@@ -54,7 +54,7 @@ from rljax.rl.evaluate import validate
 from rljax.rl.forwards import BatchForwards, make_log_prob_fn
 from rljax.rl.generation import Generation, make_sampler
 from rljax.rl.learner import make_learner
-from rljax.rl.actor_critic import ActorBatch, CriticBatch, actor_objective, critic_objective
+from rljax.rl.actor_critic import ActorBatch, CriticBatch, actor_objective, critic_objective, packs_sequences
 from rljax.rl.producer import SyncProducer
 from rljax.rl.scoring import ScoredRollout, score_completions
 from rljax.rl.step_metrics import Timer, batch_metrics, rollout_mismatch, throughput
@@ -84,7 +84,7 @@ class RLTrainer:
         objective, totals = actor_objective(a, r.temperature, corr)
         self.actor = make_learner(decoder, a.optim, objective, totals, cfg, self.mesh, a.ppo_mini_batch_size,
                                   a.ppo_micro_batch_size_per_device, a.ppo_epochs, a.shuffle, ActorBatch,
-                                  cfg.trainer.seed, "actor")
+                                  cfg.trainer.seed, "actor", pack=packs_sequences(a, corr))
         self.fields = BatchFields.of(cfg)  # the optional fields of every step batch
         self.advantage_stage = AdvantageStage.of(cfg)
         self.reference = None  # with LoRA the reference is the policy with its adapters off: no copy

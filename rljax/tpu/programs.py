@@ -39,7 +39,7 @@ from rljax.rl.batch import BatchFields, StepBatch, abstract_batch
 from rljax.rl.config import RLConfig
 from rljax.rl.forwards import BatchForwards
 from rljax.rl.learner import learner_update
-from rljax.rl.actor_critic import ActorBatch, CriticBatch, actor_objective, critic_objective
+from rljax.rl.actor_critic import ActorBatch, CriticBatch, actor_objective, critic_objective, packs_sequences
 from rljax.rollout.attention import cache_head_dim, resolve_paged_attention, tpu_queries_per_block
 from rljax.rollout.buckets import Buckets
 from rljax.rollout.config import SamplerConfig
@@ -131,11 +131,12 @@ def _reshard_source(source: NamedSharding, target: NamedSharding) -> NamedShardi
     return NamedSharding(mesh, source.spec, _logical_device_ids=logical)
 
 
-def _rows(view: type, cfg: RLConfig, rows: int, length: int, mesh, model: ModelConfig):
+def _rows(view: type, cfg: RLConfig, rows: int, length: int, mesh, model: ModelConfig, packed: bool = False):
     """The abstract `view` of the run's step batch (`rljax.rl.batch.abstract_batch`):
-    `rows x length`, the fields the config asks for, rows split over the mesh."""
+    `rows x length`, the fields the config asks for (`packed`: and segment ids), rows split
+    over the mesh."""
     return abstract_batch(view, BatchFields.of(cfg), rows, length,
-                          (model.num_hidden_layers, model.num_experts_per_tok), batch_sharding(mesh))
+                          (model.num_hidden_layers, model.num_experts_per_tok), batch_sharding(mesh), packed)
 
 
 @dataclass
@@ -192,11 +193,12 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
         abstract_params = _abstract(params, param_shardings)
         reference = abstract_params if a.kl_loss or cfg.algorithm.use_kl_in_reward else None
 
-        def train_program(name, graph, state_params, optim, objective, totals, inputs, mini, micro, epochs, frozen):
+        def train_program(name, graph, state_params, optim, objective, totals, inputs, mini, micro, epochs, frozen,
+                          pack=False):
             update = learner_update(graph, state_params, optim, objective, totals, cfg, mesh, mini,
-                                    0 if single_micro_batch else micro, epochs)
+                                    0 if single_micro_batch else micro, epochs, pack)
             shapes = jax.eval_shape(lambda p: init_train_state(p, update.optimizer, cfg.trainer.seed), state_params)
-            batch = _rows(inputs, cfg, update.mini_rows, row, mesh, model)
+            batch = _rows(inputs, cfg, update.mini_rows, row, mesh, model, update.packed)
             tokens = update.mini_rows * row
             label = f"{name} train step [{update.mini_rows}x{row}, {update.mini_rows // update.micro_rows} micro]"
             # base None: no LoRA here (the step merges the trained params alone)
@@ -204,10 +206,11 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
                            tokens, tokens * model.flops_per_token(row), len(devices), mesh,
                            kernel_flops=tokens * splash_flops / len(devices))
 
-        objective, totals = actor_objective(a, r.temperature, cfg.algorithm.rollout_correction)
+        correction = cfg.algorithm.rollout_correction
+        objective, totals = actor_objective(a, r.temperature, correction)
         programs.append(train_program("actor", graphdef, params, a.optim, objective, totals, ActorBatch,
                                       a.ppo_mini_batch_size, a.ppo_micro_batch_size_per_device, a.ppo_epochs,
-                                      reference))
+                                      reference, packs_sequences(a, correction)))
         critic_graph = critic_params = None
         if get_adv_estimator(cfg.algorithm.adv_estimator).needs_critic:
             c = cfg.critic

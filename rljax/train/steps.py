@@ -100,13 +100,19 @@ def make_train_step(
     frozen_sharding: Any = None,
     totals_fn: Callable[[dict], Any] | None = None,
     base_sharding: Any = None,
+    live: Callable[[Any], jax.Array] | None = None,
 ):
     """Build `step(state, batch, frozen, base) -> (state, metrics)`, jitted with the given
     shardings and the state donated. `graphdef` is split from the model once, by the
     caller; `frozen` carries arrays that are read but not trained (a reference model);
     `base` the module's own weights that are not trained (LoRA: the base model, see
     `rljax.models.lora.split_trainable`; None or empty in full fine-tuning). Gradients
-    and optimizer state exist for `state.params` only."""
+    and optimizer state exist for `state.params` only.
+
+    `live(micro_batch)` (a bool scalar), when given, skips the micro-batches where it is
+    false (`lax.cond`: they cost nothing): they add 0 to every sum and per-row output.
+    That is exact for micro-batches whose terms are 0, e.g. ones without a real token under
+    an objective that sums over tokens and rows (packed mini-batches, `rljax.rl.packing`)."""
 
     def micro_step(params, micro_batch, frozen, totals, key, base):
         def numerator(p):
@@ -128,12 +134,19 @@ def make_train_step(
             return {k: v for k, v in metrics.items() if k not in rows}, rows
 
         grads0, num0, den0, metrics0 = jax.eval_shape(micro_step, state.params, first, frozen, totals, keys[0], base)
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (grads0, num0, den0, split_rows(metrics0)[0]))
+
+        def run(mb, key):
+            grads, num, den, metrics = micro_step(state.params, mb, frozen, totals, key, base)
+            return (grads, num, den, *split_rows(metrics))
+
+        nothing = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (grads0, num0, den0, *split_rows(metrics0)))
 
         def body(carry, xs):
             mb, key = xs
-            grads, num, den, metrics = micro_step(state.params, mb, frozen, totals, key, base)
-            metrics, rows = split_rows(metrics)
+            if live is None:
+                grads, num, den, metrics, rows = run(mb, key)
+            else:
+                grads, num, den, metrics, rows = jax.lax.cond(live(mb), run, lambda mb, key: nothing, mb, key)
             g_acc, n_acc, d_acc, m_acc = carry
             weighted = jax.tree.map(lambda m: m * den, metrics)
             return (
@@ -143,7 +156,7 @@ def make_train_step(
                 jax.tree.map(jnp.add, m_acc, weighted),
             ), rows
 
-        (grads, num, den, metric_sums), rows = jax.lax.scan(body, zeros, (micro, keys))
+        (grads, num, den, metric_sums), rows = jax.lax.scan(body, nothing[:4], (micro, keys))
         loss = num / den
         grads = jax.tree.map(lambda g: g / den, grads)
         grad_norm = optax.tree.norm(grads)

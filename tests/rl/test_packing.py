@@ -1,0 +1,153 @@
+"""Sequence packing for the actor update (`rljax.rl.packing`): the placement, hand-computed;
+pack / unpack moving every token and nothing else; when packing is exact
+(`packs_sequences`); and a packed update equal to the unpacked one (parameters, losses,
+the old log-probs it returns) while running fewer micro-batches."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from rljax.config import load_config
+from rljax.models import ModelConfig, init_model
+from rljax.parallel import MeshConfig, make_mesh
+from rljax.rl.actor_critic import ActorBatch, actor_objective, packs_sequences
+from rljax.rl.batch import StepBatch
+from rljax.rl.config import ActorConfig, PolicyLossConfig, RLConfig, RolloutCorrectionConfig
+from rljax.rl.learner import make_learner
+from rljax.rl.packing import pack, plan_packing, unpack
+
+
+def right_padded(lengths, length):
+    return (np.arange(length)[None] < np.asarray(lengths)[:, None]).astype(np.int32)
+
+
+def test_first_fit_decreasing_placement_by_hand():
+    # sorted: 7 (row 6), 6 (4), 5 (0), 4 (2), 3 (1), 2 (3), 2 (7), 1 (5); rows of 8 tokens:
+    # bin 0 = 7 + 1, bin 1 = 6 + 2, bin 2 = 5 + 3, bin 3 = 4 + 2
+    packing = plan_packing(right_padded([5, 3, 4, 2, 6, 1, 7, 2], 8), micro_rows=2)
+    # bin j: micro-batch j // 2, slot j % 2; packed row = slot * 4 micro-batches + micro-batch
+    bins_to_rows = {0: 0, 1: 4, 2: 1, 3: 5}
+    expected_bin = [2, 2, 3, 1, 1, 0, 0, 3]
+    np.testing.assert_array_equal(packing.row, [bins_to_rows[b] for b in expected_bin])
+    np.testing.assert_array_equal(packing.start, [0, 5, 0, 6, 0, 7, 0, 4])
+    np.testing.assert_array_equal(packing.segment, [1, 2, 1, 2, 1, 2, 1, 2])
+    assert packing.micro_batches == 2  # of 4: rows 2, 3, 6, 7 (micro-batches 2 and 3) stay empty
+
+
+def test_pack_moves_every_token_and_unpack_brings_it_back():
+    rng = np.random.RandomState(0)
+    rows, length = 16, 12
+    lengths = rng.randint(2, length + 1, rows)
+    mask = right_padded(lengths, length)
+    view = ActorBatch(
+        input_ids=rng.randint(1, 50, (rows, length)) * mask, attention_mask=mask,
+        response_mask=(rng.rand(rows, length) < 0.5) * mask.astype(np.float32), old_log_probs=None,
+        advantages=rng.randn(rows, length).astype(np.float32) * mask,
+        expert_ids=np.where(mask[..., None, None] > 0, rng.randint(0, 4, (rows, length, 2, 2)), -1))
+    packing = plan_packing(mask, micro_rows=4, devices=2)
+    packed = pack(view, packing)
+    seg = packed.segment_ids
+    assert packed.input_ids.shape == (rows, length)
+    np.testing.assert_array_equal(packed.attention_mask, (seg > 0).astype(np.int32))
+    assert (packed.expert_ids[seg == 0] == -1).all()  # packed padding routes as the router would
+    for name in ("input_ids", "response_mask", "advantages"):
+        np.testing.assert_array_equal(unpack(getattr(packed, name), packing), getattr(view, name) * mask)
+    np.testing.assert_array_equal(unpack(packed.expert_ids, packing)[mask > 0], view.expert_ids[mask > 0])
+    # each sequence is contiguous, numbered within its row, and rows hold at most T tokens
+    for i in range(rows):
+        r, s, n = packing.row[i], packing.start[i], lengths[i]
+        assert (seg[r, s : s + n] == packing.segment[i]).all()
+    # the filled rows sit in the first micro-batches (rows m, M + m, ...), half on each device
+    num_micro = rows // 4
+    filled = np.flatnonzero(seg.any(axis=1))
+    assert set(filled % num_micro) == set(range(packing.micro_batches))
+    assert packing.micro_batches == -(-len(filled) // 4) < num_micro
+    per_device = [(filled < rows // 2).sum(), (filled >= rows // 2).sum()]
+    assert abs(per_device[0] - per_device[1]) <= 1
+
+
+def test_a_row_with_a_gap_is_refused():
+    mask = right_padded([3, 4], 6)
+    mask[1, 1] = 0
+    with pytest.raises(ValueError, match="row 1 is not right-padded"):
+        plan_packing(mask, micro_rows=1)
+
+
+@pytest.mark.parametrize("actor, correction, packs", [
+    (ActorConfig(), RolloutCorrectionConfig(), True),  # token-mean PPO clip
+    (ActorConfig(pack_sequences=False), RolloutCorrectionConfig(), False),
+    (ActorConfig(loss_agg_mode="seq-mean-token-mean"), RolloutCorrectionConfig(), False),
+    (ActorConfig(policy_loss=PolicyLossConfig(loss_mode="gspo")), RolloutCorrectionConfig(), False),  # its own mode
+    (ActorConfig(policy_loss=PolicyLossConfig(loss_mode="clip_cov")), RolloutCorrectionConfig(), False),  # batch stats
+    (ActorConfig(policy_loss=PolicyLossConfig(loss_mode="cispo"), use_kl_loss=True, entropy_coeff=0.01),
+     RolloutCorrectionConfig(), True),
+    (ActorConfig(), RolloutCorrectionConfig(bypass_mode=True, rollout_is="token", rollout_is_threshold=2.0), True),
+    (ActorConfig(), RolloutCorrectionConfig(bypass_mode=True, rollout_is="sequence", rollout_is_threshold=2.0), False),
+    (ActorConfig(), RolloutCorrectionConfig(rollout_is="sequence", rollout_is_threshold=2.0), True),  # decoupled
+])
+def test_packing_only_where_the_loss_is_the_same(actor, correction, packs):
+    assert packs_sequences(actor, correction) is packs
+
+
+VOCAB = 40
+CONFIG = ModelConfig(model_type="qwen2", vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
+                     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+
+
+def step_batch(rows=16, length=16, seed=0):
+    """Prompts of 3-5 tokens and responses of 1-7: rows of 4-12 of 16 positions."""
+    rng = np.random.RandomState(seed)
+    prompt, response = rng.randint(3, 6, rows), rng.randint(1, 8, rows)
+    mask = right_padded(prompt + response, length)
+    response_mask = (mask * (np.arange(length)[None] >= prompt[:, None])).astype(np.float32)
+    zeros = np.zeros((rows, length), np.float32)
+    base = -np.log(VOCAB)
+    return StepBatch(
+        input_ids=(rng.randint(1, VOCAB, (rows, length)) * mask).astype(np.int32), attention_mask=mask,
+        response_mask=response_mask, rollout_log_probs=zeros, token_level_scores=zeros,
+        group_ids=np.repeat(np.arange(rows // 4), 4).astype(np.int32),
+        ref_log_probs=((base + 0.3 * rng.randn(rows, length)) * response_mask).astype(np.float32),
+        advantages=(rng.randn(rows, length) * response_mask).astype(np.float32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("old_given", [False, True])
+def test_a_packed_update_equals_the_unpacked_one(old_given):
+    """16 rows, micro-batches of 2 rows per device on data=2: 4 micro-batches unpacked, 2
+    packed. Same parameters after the step, same losses, same old log-probs."""
+    cfg = load_config(RLConfig, None, ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4",
+                                       "actor.ppo_micro_batch_size_per_device=2", "trainer.total_steps=1",
+                                       "actor.optim.lr=1e-2", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.5",
+                                       "actor.entropy_coeff=0.1"])
+    mesh = make_mesh(MeshConfig(data=2, fsdp=1, tensor=1), jax.devices()[:2])
+    batch = step_batch()
+    if old_given:
+        rng = np.random.RandomState(1)
+        batch = dataclasses.replace(batch, old_log_probs=(batch.ref_log_probs + 0.2 * rng.randn(*batch.input_ids.shape)
+                                                          * batch.response_mask).astype(np.float32))
+    objective, totals = actor_objective(cfg.actor, 1.0, cfg.algorithm.rollout_correction)
+    assert packs_sequences(cfg.actor, cfg.algorithm.rollout_correction)
+    results = {}
+    for packed in (False, True):
+        learner = make_learner(init_model(CONFIG, seed=0), cfg.actor.optim, objective, totals, cfg, mesh, 4, 2, 1,
+                               False, ActorBatch, 0, "actor", pack=packed)
+        assert learner.packed is packed
+        metrics, per_row = learner.update(batch, mesh, np.random.default_rng(0))
+        results[packed] = metrics, per_row, [np.asarray(x) for x in jax.tree.leaves(learner.state.params)]
+    (m0, r0, p0), (m1, r1, p1) = results[False], results[True]
+    assert m0["actor/micro_batches"] == 4 and m1["actor/micro_batches"] == 2
+    for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
+        np.testing.assert_allclose(m1[key], m0[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    if old_given:
+        assert m0["actor/pg_clipfrac"] > 0  # the clip binds: the ratio enters
+        assert not r0 and not r1
+    else:
+        mask = batch.response_mask > 0
+        np.testing.assert_allclose(r1["old_log_probs"][mask], r0["old_log_probs"][mask], atol=1e-5)
+    for a, b in zip(p1, p0):  # Adam's first step is lr * g / |g| per element: 1e-5 is 0.1% of it
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    initial = jax.tree.leaves(nnx.split(init_model(CONFIG, seed=0))[1])
+    assert max(np.abs(a - np.asarray(b)).max() for a, b in zip(p1, initial)) > 1e-4  # the step moved them
