@@ -24,7 +24,7 @@ from rljax.hostsync import fetch, shard_global_batch
 from rljax.models.lora import join
 from rljax.parallel import data_parallel_size
 from rljax.rl.batch import StepBatch, present, select_rows, take
-from rljax.rl.packing import Packing, pack, plan_packing, unpack
+from rljax.rl.packing import Packing, pack, plan_packing, row_factor, unpack
 from rljax.rl.config import RLConfig
 from rljax.train.optim import OptimConfig, make_optimizer
 from rljax.train.setup import init_sharded_train_state, place_trainable, train_state_shardings
@@ -46,7 +46,9 @@ class Learner:
     name: str  # "actor" | "critic": the prefix of the train step's metrics (verl's actor/grad_norm, critic/lr)
     micro_rows: int  # rows of a micro-batch, over all devices
     devices: int  # data-parallel devices a micro-batch is split over
-    packed: bool  # pack each mini-batch's sequences (`rljax.rl.packing`); the step skips empty micro-batches
+    # pack each mini-batch's sequences into rows this many rows long (`rljax.rl.packing`), and the
+    # step skips empty micro-batches; 0: no packing
+    pack_factor: int
 
     @property
     def params(self) -> nnx.State:
@@ -68,9 +70,9 @@ class Learner:
             for start in range(0, rows, self.mini_batch_rows):
                 orders.append(order[start : start + self.mini_batch_rows])
                 mini = select_rows(view, orders[-1])
-                packings.append(plan_packing(mini.attention_mask, self.micro_rows, self.devices)
-                                if self.packed else None)
-                if self.packed:
+                packings.append(plan_packing(mini.attention_mask, self.micro_rows, self.devices, self.pack_factor)
+                                if self.pack_factor else None)
+                if self.pack_factor:
                     mini = pack(mini, packings[-1])
                 mini = dataclasses.replace(mini, **shard_global_batch(present(mini), mesh))
                 self.state, metrics = self.step(self.state, mini, frozen, self.base)
@@ -79,9 +81,10 @@ class Learner:
         per_row: dict[str, np.ndarray] = {}
         for name in (k for k in host[0] if k.startswith(ROWS)):
             first = host[: -(-rows // self.mini_batch_rows)]  # the first pass covers every row once
-            full = np.zeros((rows, *first[0][name].shape[1:]), first[0][name].dtype)
-            for metrics, order, packing in zip(first, orders, packings):
-                full[order] = metrics[name] if packing is None else unpack(metrics[name], packing)
+            minis = [m[name] if p is None else unpack(m[name], p) for m, p in zip(first, packings)]
+            full = np.zeros((rows, *minis[0].shape[1:]), minis[0].dtype)
+            for values, order in zip(minis, orders):
+                full[order] = values
             per_row[name.removeprefix(ROWS)] = full
         named = lambda k: f"{self.name}/{k.removeprefix('train/')}" if k.startswith("train/") else k  # noqa: E731
         summary = {named(k): float(np.mean([m[k] for m in host])) for k in host[0] if not k.startswith(ROWS)}
@@ -108,7 +111,9 @@ class LearnerUpdate:
     state_sharding: TrainState  # of NamedShardings
     mini_rows: int
     micro_rows: int
-    packed: bool  # the step takes packed mini-batches and skips micro-batches without a token
+    # the step takes mini-batches packed into rows this many rows long and skips micro-batches
+    # without a token (`rljax.rl.packing.row_factor`); 0: unpacked mini-batches
+    pack_factor: int
 
 
 def learner_update(graphdef: nnx.GraphDef, params, optim: OptimConfig, objective, totals_fn, cfg: RLConfig, mesh,
@@ -126,10 +131,10 @@ def learner_update(graphdef: nnx.GraphDef, params, optim: OptimConfig, objective
             f"{mini_prompts}x{cfg.rollout.n} rows, itself a multiple of the micro-batch {micro_rows} rows"
         )
     sharding = train_state_shardings(params, optimizer, mesh)
-    packed = pack and mini_rows > micro_rows
+    factor = row_factor(micro_rows, data_parallel_size(mesh)) if pack and mini_rows > micro_rows else 0
     step = make_train_step(graphdef, objective, optimizer, schedule, mini_rows // micro_rows,
-                           state_sharding=sharding, totals_fn=totals_fn, live=_holds_a_token if packed else None)
-    return LearnerUpdate(optimizer, step, sharding, mini_rows, micro_rows, packed)
+                           state_sharding=sharding, totals_fn=totals_fn, live=_holds_a_token if factor else None)
+    return LearnerUpdate(optimizer, step, sharding, mini_rows, micro_rows, factor)
 
 
 def _holds_a_token(micro_batch) -> jax.Array:
@@ -148,7 +153,7 @@ def make_learner(module: nnx.Module, optim: OptimConfig, objective, totals_fn, c
                             micro_per_device, epochs, pack)
     state = init_sharded_train_state(params, update.optimizer, seed, mesh)
     return Learner(graphdef, state, update.step, update.mini_rows, epochs, shuffle, inputs, base, name,
-                   update.micro_rows, data_parallel_size(mesh), update.packed)
+                   update.micro_rows, data_parallel_size(mesh), update.pack_factor)
 
 
 def _updates_per_step(cfg: RLConfig, mini_prompts: int, epochs: int) -> int:

@@ -183,7 +183,9 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
     train_attention = section.attention
     if train_attention == "auto":
         train_attention = choose_attention(platform, policy.compute, model.head_dim)
-    splash_flops = model.attention_flops_per_token(row, training=True) if train_attention == "splash" else 0.0
+    def splash_flops(length: int) -> float:
+        return model.attention_flops_per_token(length, training=True) if train_attention == "splash" else 0.0
+
     programs: list[Program] = []
     # built outside `jax.set_mesh`: optax initialises placeholders eagerly, which must not target the
     # topology's devices; the programs are traced under their mesh in `Program.lower`
@@ -198,13 +200,16 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
             update = learner_update(graph, state_params, optim, objective, totals, cfg, mesh, mini,
                                     0 if single_micro_batch else micro, epochs, pack)
             shapes = jax.eval_shape(lambda p: init_train_state(p, update.optimizer, cfg.trainer.seed), state_params)
-            batch = _rows(inputs, cfg, update.mini_rows, row, mesh, model, update.packed)
-            tokens = update.mini_rows * row
-            label = f"{name} train step [{update.mini_rows}x{row}, {update.mini_rows // update.micro_rows} micro]"
+            f = update.pack_factor or 1  # packed: rows f times as long, f times fewer
+            rows, length = update.mini_rows // f, f * row
+            batch = _rows(inputs, cfg, rows, length, mesh, model, bool(update.pack_factor))
+            tokens = rows * length
+            packed = ", packed" if update.pack_factor else ""
+            label = f"{name} train step [{rows}x{length}, {update.mini_rows // update.micro_rows} micro{packed}]"
             # base None: no LoRA here (the step merges the trained params alone)
             return Program(label, "train", update.step, (_abstract(shapes, update.state_sharding), batch, frozen, None),
-                           tokens, tokens * model.flops_per_token(row), len(devices), mesh,
-                           kernel_flops=tokens * splash_flops / len(devices))
+                           tokens, tokens * model.flops_per_token(length), len(devices), mesh,
+                           kernel_flops=tokens * splash_flops(length) / len(devices))
 
         correction = cfg.algorithm.rollout_correction
         objective, totals = actor_objective(a, r.temperature, correction)

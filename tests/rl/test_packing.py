@@ -17,7 +17,7 @@ from rljax.rl.actor_critic import ActorBatch, actor_objective, packs_sequences
 from rljax.rl.batch import StepBatch
 from rljax.rl.config import ActorConfig, PolicyLossConfig, RLConfig, RolloutCorrectionConfig
 from rljax.rl.learner import make_learner
-from rljax.rl.packing import pack, plan_packing, unpack
+from rljax.rl.packing import pack, plan_packing, row_factor, unpack
 
 
 def right_padded(lengths, length):
@@ -37,9 +37,26 @@ def test_first_fit_decreasing_placement_by_hand():
     assert packing.micro_batches == 2  # of 4: rows 2, 3, 6, 7 (micro-batches 2 and 3) stay empty
 
 
-def test_pack_moves_every_token_and_unpack_brings_it_back():
+def test_rows_twice_as_long_hold_any_two_sequences_by_hand():
+    # rows of 16: bin 0 = 7 + 6 + 3, bin 1 = 5 + 4 + 2 + 2 + 1; both in micro-batch 0 (2 packed rows)
+    packing = plan_packing(right_padded([5, 3, 4, 2, 6, 1, 7, 2], 8), micro_rows=4, factor=2)
+    assert packing.shape == (4, 16) and packing.source_shape == (8, 8)
+    np.testing.assert_array_equal(packing.row, [2, 0, 2, 2, 0, 2, 0, 2])  # bin 1: slot 1 -> row 1 * 2 + 0
+    np.testing.assert_array_equal(packing.start, [0, 13, 5, 9, 7, 13, 0, 11])
+    np.testing.assert_array_equal(packing.segment, [1, 3, 2, 3, 2, 5, 1, 4])
+    assert packing.micro_batches == 1  # of 2
+
+
+def test_row_factor_keeps_whole_packed_rows_per_device():
+    assert row_factor(micro_rows=16, devices=1) == 2
+    assert row_factor(micro_rows=8, devices=4) == 2
+    assert row_factor(micro_rows=4, devices=4) == 1  # one row per device: no room to pair
+
+
+@pytest.mark.parametrize("factor", [1, 2])
+def test_pack_moves_every_token_and_unpack_brings_it_back(factor):
     rng = np.random.RandomState(0)
-    rows, length = 16, 12
+    rows, length = 32, 12
     lengths = rng.randint(2, length + 1, rows)
     mask = right_padded(lengths, length)
     view = ActorBatch(
@@ -47,10 +64,10 @@ def test_pack_moves_every_token_and_unpack_brings_it_back():
         response_mask=(rng.rand(rows, length) < 0.5) * mask.astype(np.float32), old_log_probs=None,
         advantages=rng.randn(rows, length).astype(np.float32) * mask,
         expert_ids=np.where(mask[..., None, None] > 0, rng.randint(0, 4, (rows, length, 2, 2)), -1))
-    packing = plan_packing(mask, micro_rows=4, devices=2)
+    packing = plan_packing(mask, micro_rows=4 * factor, devices=2, factor=factor)
     packed = pack(view, packing)
     seg = packed.segment_ids
-    assert packed.input_ids.shape == (rows, length)
+    assert packed.input_ids.shape == (rows // factor, length * factor)
     np.testing.assert_array_equal(packed.attention_mask, (seg > 0).astype(np.int32))
     assert (packed.expert_ids[seg == 0] == -1).all()  # packed padding routes as the router would
     for name in ("input_ids", "response_mask", "advantages"):
@@ -61,11 +78,11 @@ def test_pack_moves_every_token_and_unpack_brings_it_back():
         r, s, n = packing.row[i], packing.start[i], lengths[i]
         assert (seg[r, s : s + n] == packing.segment[i]).all()
     # the filled rows sit in the first micro-batches (rows m, M + m, ...), half on each device
-    num_micro = rows // 4
+    num_micro, packed_rows = rows // (4 * factor), rows // factor
     filled = np.flatnonzero(seg.any(axis=1))
     assert set(filled % num_micro) == set(range(packing.micro_batches))
     assert packing.micro_batches == -(-len(filled) // 4) < num_micro
-    per_device = [(filled < rows // 2).sum(), (filled >= rows // 2).sum()]
+    per_device = [(filled < packed_rows // 2).sum(), (filled >= packed_rows // 2).sum()]
     assert abs(per_device[0] - per_device[1]) <= 1
 
 
@@ -116,8 +133,9 @@ def step_batch(rows=16, length=16, seed=0):
 @pytest.mark.slow
 @pytest.mark.parametrize("old_given", [False, True])
 def test_a_packed_update_equals_the_unpacked_one(old_given):
-    """16 rows, micro-batches of 2 rows per device on data=2: 4 micro-batches unpacked, 2
-    packed. Same parameters after the step, same losses, same old log-probs."""
+    """16 rows, micro-batches of 2 rows per device on data=2: 4 micro-batches unpacked; packed
+    into 8 rows of 32, 1 micro-batch. Same parameters after the step, same losses, same old
+    log-probs."""
     cfg = load_config(RLConfig, None, ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4",
                                        "actor.ppo_micro_batch_size_per_device=2", "trainer.total_steps=1",
                                        "actor.optim.lr=1e-2", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.5",
@@ -134,11 +152,11 @@ def test_a_packed_update_equals_the_unpacked_one(old_given):
     for packed in (False, True):
         learner = make_learner(init_model(CONFIG, seed=0), cfg.actor.optim, objective, totals, cfg, mesh, 4, 2, 1,
                                False, ActorBatch, 0, "actor", pack=packed)
-        assert learner.packed is packed
+        assert learner.pack_factor == (2 if packed else 0)
         metrics, per_row = learner.update(batch, mesh, np.random.default_rng(0))
         results[packed] = metrics, per_row, [np.asarray(x) for x in jax.tree.leaves(learner.state.params)]
     (m0, r0, p0), (m1, r1, p1) = results[False], results[True]
-    assert m0["actor/micro_batches"] == 4 and m1["actor/micro_batches"] == 2
+    assert m0["actor/micro_batches"] == 4 and m1["actor/micro_batches"] < 4
     for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
         np.testing.assert_allclose(m1[key], m0[key], rtol=1e-5, atol=1e-6, err_msg=key)
     if old_given:
