@@ -107,6 +107,15 @@ def segment_mask(segment_ids: jax.Array) -> jax.Array:
     return causal[None] & same & (segment_ids[:, None, :] != 0)
 
 
+def branch_mask(segment_ids: jax.Array, branch_ids: jax.Array) -> jax.Array:
+    """`segment_mask` for rows whose segments share a prefix among branches: within a
+    segment, query t may see key s <= t iff s is in the shared prefix (branch 0) or in t's
+    own branch. `[B, T]` ids -> `[B, T, T]` bool. (Packed samples of one prompt,
+    `rljax.rl.packing`: the prompt once, then each sample's tokens as a branch.)"""
+    same_branch = (branch_ids[:, None, :] == 0) | (branch_ids[:, None, :] == branch_ids[:, :, None])
+    return segment_mask(segment_ids) & same_branch
+
+
 def segment_positions(segment_ids: jax.Array) -> jax.Array:
     """Position ids that restart at 0 at the start of every segment (left padding,
     right padding and packed rows alike)."""
@@ -382,6 +391,12 @@ def choose_attention(backend: str, dtype, head_dim: int, self_attention: bool = 
     if backend == "tpu":
         return "splash"
     return "xla"
+
+
+def resolve_attention(name: str, backend: str, dtype, head_dim: int) -> str:
+    """The kernel a self-attention forward with kernel `name` runs on `backend` (`auto`:
+    `choose_attention`)."""
+    return choose_attention(backend, dtype, head_dim) if name == "auto" else name
 
 
 @register_attention("auto")

@@ -28,7 +28,7 @@ import numpy as np
 from flax import nnx
 
 from rljax.algos.log_probs import log_probs_from_hidden, logits_chunk_bytes, positions_per_chunk
-from rljax.models.attention import get_attention, segment_positions, target_backend
+from rljax.models.attention import branch_mask, get_attention, segment_positions, target_backend
 from rljax.models.config import DTypePolicy, ModelConfig, RopeConfig
 from rljax.models.lora import Dropout, add_delta, scaled
 from rljax.models.mlp import swiglu
@@ -330,14 +330,15 @@ class Decoder(nnx.Module):
         adapters: bool = True,
         *,
         expert_ids: jax.Array | None = None,
+        branch_ids: jax.Array | None = None,
     ) -> jax.Array:
         """Final-norm hidden states `[B, T, hidden]` in the compute dtype; with
         `adapters=False` those of the base model (LoRA adapters off). LoRA dropout acts
         only when the train step set `lora_dropout_key` (a training forward).
-        `expert_ids` `[B, T, L, k]` (MoE only): routing replay, see
-        `hidden_states_and_routing`."""
+        `expert_ids` `[B, T, L, k]` (MoE only): routing replay; `branch_ids`: shared
+        prefixes; see `hidden_states_and_routing`."""
         return self.hidden_states_and_routing(input_ids, attention_mask, positions, segment_ids, adapters,
-                                              expert_ids=expert_ids)[0]
+                                              expert_ids=expert_ids, branch_ids=branch_ids)[0]
 
     def hidden_states_and_routing(
         self,
@@ -348,13 +349,17 @@ class Decoder(nnx.Module):
         adapters: bool = True,
         *,
         expert_ids: jax.Array | None = None,
+        branch_ids: jax.Array | None = None,
     ) -> tuple[jax.Array, Routing | None]:
         """`hidden_states` and, for a MoE model, every layer's routing: `Routing` with
         experts `[B, T, L, k]`, counts and prob_sum `[L, X]` over the non-padding tokens
         (None for a dense model). `expert_ids` `[B, T, L, k]` int32 replays recorded
         routing (the sampler's, `SamplerConfig.record_routing`): token t of layer l uses
         experts `expert_ids[b, t, l]` instead of its top-k wherever they are >= 0
-        (`rljax.models.moe.replay_routing`); the reported experts are the ones used."""
+        (`rljax.models.moe.replay_routing`); the reported experts are the ones used.
+        `branch_ids` `[B, T]` (with `segment_ids` and `positions`): segments that share a
+        prefix among branches (`rljax.models.attention.branch_mask`); they run the xla
+        kernel, the one that takes any mask."""
         config = self.config
         if expert_ids is not None and not config.is_moe:
             raise ValueError("expert_ids: routing replay needs a mixture-of-experts model; this one is dense")
@@ -365,6 +370,9 @@ class Decoder(nnx.Module):
             positions = segment_positions(segment_ids)  # [B, T]
         cos, sin = rope_cos_sin(positions, config)  # [B, T, D] each
         attend = get_attention(self.attention)
+        visible = segment_ids  # what attention takes: segment ids, or a mask
+        if branch_ids is not None:
+            attend, visible = get_attention("xla"), branch_mask(segment_ids, branch_ids)
         axes = self.layers.axes()
 
         key = self.lora_dropout_key if adapters and self.lora_dropout else None
@@ -377,7 +385,7 @@ class Decoder(nnx.Module):
             p = {name: gather_weight(w, axes[name]) for name, w in p.items()}
             x = constrain(x, ACTIVATION)  # [B, T, E]
             q, k, v = attention_inputs(p, x, cos, sin, config, drop)  # [B, T, N, D], [B, T, K, D] x 2
-            return attention_output_and_mlp(p, x, attend(q, k, v, segment_ids), config, drop, segment_ids > 0,
+            return attention_output_and_mlp(p, x, attend(q, k, v, visible), config, drop, segment_ids > 0,
                                             replay)
 
         policy = REMAT_POLICIES[self.remat]

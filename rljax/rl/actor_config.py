@@ -71,6 +71,9 @@ class ActorConfig:
     # left empty (rljax.rl.packing), where the loss stays exactly the same: token-mean and a
     # per-token policy loss (rljax.rl.actor_critic.packs_sequences); verl: use_remove_padding
     pack_sequences: bool = True
+    # packed rows hold a prompt once for all its samples, which attend to it and to themselves
+    # only; where the training attention is xla (rljax.rl.actor_critic.shares_prompts)
+    share_prompts: bool = True
     clip_ratio: NonNegFloat = 0.2  # PPO clip epsilon (both sides, unless low / high are set)
     clip_ratio_low: NonNegFloat | None = None  # epsilon below 1 (ratio >= 1 - low); null: clip_ratio
     clip_ratio_high: NonNegFloat | None = None  # epsilon above 1 (DAPO's clip-higher); null: clip_ratio

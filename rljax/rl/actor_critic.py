@@ -18,9 +18,10 @@ micro-batches; this objective returns numerator = R * (its share of L) and denom
 its row count (R = rows in the mini-batch; rows count when they hold a token, so the empty
 rows that end a packed mini-batch count for nothing), so that ratio is exactly L.
 
-Packed mini-batches (`rljax.rl.packing`, when `packs_sequences`) carry `segment_ids`: the
-forwards attend within a sequence, positions restart at each one, and a sequence's first
-token gets log-prob 0 as a row's first token does.
+Packed mini-batches (`rljax.rl.packing`, when `packs_sequences`) carry `segment_ids` and
+`positions` (and `branch_ids` where samples share their prompt): the forwards attend
+within a sequence (and its prompt), and a token whose row predecessor is not its
+sequence's gets log-prob 0 as a row's first token does (never a loss token).
 
 The policy-gradient term is multiplied by the rollout-correction IS weights
 (`algorithm.rollout_correction`, see `RolloutCorrectionConfig`): in decoupled mode the
@@ -82,9 +83,10 @@ class ActorBatch:
     ref_log_probs: Array | None = None  # [B, T] f32 the reference's; a per-token KL loss reads it
     rollout_is_weights: Array | None = None  # [B, T] f32 decoupled rollout correction's IS weights
     expert_ids: Array | None = None  # [B, T, L, k] i32 routing to replay (actor.router_replay)
-    # [B, T] i32 packed rows (`rljax.rl.packing`): each token's sequence in its row (1, 2, ...; 0
-    # padding); None: one sequence per row
-    segment_ids: Array | None = None
+    # packed rows (`rljax.rl.packing`), [B, T] i32 each; None: one sequence per row
+    segment_ids: Array | None = None  # each token's item in its row (1, 2, ...; 0 padding)
+    positions: Array | None = None  # each token's position in its own sequence
+    branch_ids: Array | None = None  # shared prompts: 0 the prompt (or a whole sequence), k the k-th sample
 
 
 @jax.tree_util.register_dataclass
@@ -104,8 +106,8 @@ def full_kl_to_reference(model, hidden, batch, reference_params, temperature: fl
     chunked: `kl_from_hidden`); the reference is `model`'s graph with the frozen params (None:
     `model` itself with its LoRA adapters off), and no gradient flows into it."""
     reference = model if reference_params is None else nnx.merge(nnx.graphdef(model), reference_params)
-    ref_hidden = sg(reference.hidden_states(batch.input_ids, attention_mask=batch.attention_mask,
-                                            segment_ids=batch.segment_ids, adapters=False))
+    ref_hidden = sg(reference.hidden_states(batch.input_ids, batch.attention_mask, batch.positions,
+                                            batch.segment_ids, adapters=False, branch_ids=batch.branch_ids))
     return kl_from_hidden(hidden, model.unembedding(), ref_hidden, sg(reference.unembedding()),
                           temperature=temperature)
 
@@ -133,6 +135,21 @@ def packs_sequences(actor: ActorConfig, correction: RolloutCorrectionConfig) -> 
     return not correction.bypass_mode or (
         correction.rollout_is in (None, "token") and not correction.rollout_is_batch_normalize
         and correction.rollout_rs is None and correction.rollout_token_veto_threshold is None)
+
+
+def shares_prompts(actor: ActorConfig, correction: RolloutCorrectionConfig, kernel: str) -> bool:
+    """Whether packed rows hold a prompt once for all its samples (`actor.share_prompts`):
+    when the update packs and its attention kernel (resolved, `kernel`) is xla, the one
+    that takes the prompt-and-branches mask (`rljax.models.attention.branch_mask`)."""
+    return actor.share_prompts and packs_sequences(actor, correction) and kernel == "xla"
+
+
+def sequence_starts_ids(batch: ActorBatch) -> jax.Array | None:
+    """Ids that change wherever a token's row predecessor is not its predecessor in its
+    sequence (each packed item and each branch starts anew), or None for unpacked rows."""
+    if batch.segment_ids is None or batch.branch_ids is None:
+        return batch.segment_ids
+    return batch.segment_ids * (batch.segment_ids.shape[1] + 1) + batch.branch_ids
 
 
 def live_rows(attention_mask: jax.Array) -> jax.Array:
@@ -177,10 +194,10 @@ def actor_objective(actor: ActorConfig, temperature: float,
     def objective(model, batch, frozen, totals, key):
         mask = batch.response_mask
         hidden, routing = model.hidden_states_and_routing(  # [B, T, E], per-layer routing statistics
-            batch.input_ids, attention_mask=batch.attention_mask, segment_ids=batch.segment_ids,
-            expert_ids=batch.expert_ids if actor.router_replay else None)
+            batch.input_ids, batch.attention_mask, batch.positions, batch.segment_ids,
+            expert_ids=batch.expert_ids if actor.router_replay else None, branch_ids=batch.branch_ids)
         log_prob, entropy = model.hidden_log_probs(hidden, batch.input_ids, temperature=temperature, entropy=True,
-                                                   segment_ids=batch.segment_ids)
+                                                   segment_ids=sequence_starts_ids(batch))
         weights, pg_mask, metrics = pg_weights_and_mask(batch, log_prob)
         old = batch.old_log_probs
         if old is None:  # one update at the parameters the old forward would use: its log-probs, detached

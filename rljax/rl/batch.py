@@ -86,7 +86,7 @@ class StepBatch:
 
 
 # dtypes of the fields; every other field is float32
-_INT_FIELDS = ("input_ids", "attention_mask", "group_ids", "expert_ids", "segment_ids")
+_INT_FIELDS = ("input_ids", "attention_mask", "group_ids", "expert_ids", "segment_ids", "positions", "branch_ids")
 # fields of one entry per row; every other field but expert_ids is [B, T]
 _ROW_FIELDS = ("group_ids", "reward_baselines")
 _ALWAYS = ("input_ids", "attention_mask", "response_mask", "rollout_log_probs", "token_level_scores", "group_ids")
@@ -180,11 +180,11 @@ def select_rows(batch: V, rows: np.ndarray) -> V:
 
 
 def abstract_batch(view: type[V], fields: BatchFields, rows: int, length: int, routing: tuple[int, int] | None = None,
-                   sharding=None, packed: bool = False) -> V:
+                   sharding=None, extra: tuple[str, ...] = ()) -> V:
     """`jax.ShapeDtypeStruct`s of the `view` of a step batch of `rows x length` as the
-    update receives it (`routing`: (layers, experts per token) of a MoE model; `packed`:
-    with `segment_ids`, `rljax.rl.packing`), as the run lays them out."""
-    held = set(fields.names(updated=False)) | ({"segment_ids"} if packed else set())
+    update receives it (`routing`: (layers, experts per token) of a MoE model; `extra`:
+    the view's own int fields it carries, e.g. packing's), as the run lays them out."""
+    held = set(fields.names(updated=False)) | set(extra)
 
     def spec(name: str):
         if name not in held:

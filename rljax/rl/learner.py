@@ -24,7 +24,7 @@ from rljax.hostsync import fetch, shard_global_batch
 from rljax.models.lora import join
 from rljax.parallel import data_parallel_size
 from rljax.rl.batch import StepBatch, present, select_rows, take
-from rljax.rl.packing import Packing, pack, plan_packing, row_factor, unpack
+from rljax.rl.packing import Packing, pack_rows, row_factor, unpack
 from rljax.rl.config import RLConfig
 from rljax.train.optim import OptimConfig, make_optimizer
 from rljax.train.setup import init_sharded_train_state, place_trainable, train_state_shardings
@@ -49,6 +49,7 @@ class Learner:
     # pack each mini-batch's sequences into rows this many rows long (`rljax.rl.packing`), and the
     # step skips empty micro-batches; 0: no packing
     pack_factor: int
+    share_prompts: bool  # packed rows hold a prompt once for all its samples
 
     @property
     def params(self) -> nnx.State:
@@ -70,10 +71,11 @@ class Learner:
             for start in range(0, rows, self.mini_batch_rows):
                 orders.append(order[start : start + self.mini_batch_rows])
                 mini = select_rows(view, orders[-1])
-                packings.append(plan_packing(mini.attention_mask, self.micro_rows, self.devices, self.pack_factor)
-                                if self.pack_factor else None)
+                packing = None
                 if self.pack_factor:
-                    mini = pack(mini, packings[-1])
+                    mini, packing = pack_rows(mini, self.micro_rows, self.devices, self.pack_factor,
+                                              self.share_prompts)
+                packings.append(packing)
                 mini = dataclasses.replace(mini, **shard_global_batch(present(mini), mesh))
                 self.state, metrics = self.step(self.state, mini, frozen, self.base)
                 outputs.append(metrics)
@@ -143,17 +145,19 @@ def _holds_a_token(micro_batch) -> jax.Array:
 
 def make_learner(module: nnx.Module, optim: OptimConfig, objective, totals_fn, cfg: RLConfig, mesh,
                  mini_prompts: int, micro_per_device: int, epochs: int, shuffle: bool, inputs: type,
-                 seed: int, name: str, pack: bool = False) -> Learner:
+                 seed: int, name: str, pack: bool = False, share_prompts: bool = False) -> Learner:
     """Place `module` on the mesh, build its optimizer and train step (`learner_update`,
     over the trainable params: with LoRA the adapters and a head) and its sharded
     TrainState; the frozen base stays beside it. `inputs`: the view of the step batch
-    `objective` reads (with a `segment_ids` field when `pack`); `name` prefixes its metrics."""
+    `objective` reads (with packing's fields when `pack`; `share_prompts`: a prompt once for
+    its samples in packed rows); `name` prefixes its metrics."""
     graphdef, params, base = place_trainable(module, mesh)
     update = learner_update(graphdef, params, optim, objective, totals_fn, cfg, mesh, mini_prompts,
                             micro_per_device, epochs, pack)
     state = init_sharded_train_state(params, update.optimizer, seed, mesh)
     return Learner(graphdef, state, update.step, update.mini_rows, epochs, shuffle, inputs, base, name,
-                   update.micro_rows, data_parallel_size(mesh), update.pack_factor)
+                   update.micro_rows, data_parallel_size(mesh), update.pack_factor,
+                   share_prompts and bool(update.pack_factor))
 
 
 def _updates_per_step(cfg: RLConfig, mini_prompts: int, epochs: int) -> int:

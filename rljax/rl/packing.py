@@ -1,26 +1,38 @@
 """Sequence packing for an update: the whole sequences of a mini-batch's rows, put back to
 back into as few rows as hold them, so the forward and backward run on fewer padding
-tokens.
+tokens; and the samples of one prompt packed as one prompt and their continuations, so
+the prompt's tokens run once instead of once per sample.
 
 A mini-batch of B right-padded rows of T positions becomes B / f rows of f T positions
 (`row_factor`: f = 2 where it divides a device's share of a micro-batch, else 1). Rows
 twice as long hold any two sequences (a sequence is at most T), so they pack well even
 when most sequences pass T / 2; attention, quadratic in the row, is a small share of the
 FLOPs at these lengths. The shape is static per row length: it compiles as the unpacked
-one does. The sequences are placed first-fit decreasing; each row numbers its sequences
-1, 2, ... in `segment_ids` (0: padding), so attention stays within a sequence and
-positions restart at each one (`rljax.models.transformer.Decoder`). The filled rows go to
-the first micro-batches (`rljax.train.steps.split_micro_batches` gives micro-batch m the
-rows m, M + m, ...), spread evenly over the data-parallel devices, and the micro-batches
-left with no token are skipped by the train step (`make_train_step(live=...)`). The
-update therefore runs as many micro-batches as the packed rows fill instead of M.
+one does.
 
-Per-token arrays move with their tokens (`pack`); an output per packed row comes back per
-sequence with `unpack`. The loss is unchanged exactly when every term of the objective is
-a sum of per-token values over a mini-batch-wide denominator
-(`rljax.rl.actor_critic.packs_sequences`). verl's `use_remove_padding` with a dynamic
-batch size does the same under dynamic shapes; here the shapes stay static and only the
-count of micro-batches that run varies.
+Items are placed first-fit decreasing; each row numbers its items 1, 2, ... in
+`segment_ids` (0: padding), so attention stays within an item, and `positions` are each
+token's position in its own sequence (`rljax.models.transformer.Decoder`). An item is a
+sequence, or with `share_prompts` the rows of one prompt (the same tokens before their
+first response token, at P): the prompt's first P - 1 tokens once (branch 0), then per
+row its tokens from P - 1 on (branches 1, 2, ...) in `branch_ids`. Each branch sees the
+prompt and itself (`rljax.models.attention.branch_mask`); it repeats the prompt's last
+token, whose hidden state predicts the branch's first response token. A prompt whose
+rows do not fit one packed row is split into items that each repeat the prompt.
+
+The filled rows go to the first micro-batches (`rljax.train.steps.split_micro_batches`
+gives micro-batch m the rows m, M + m, ...), spread evenly over the data-parallel
+devices, and the micro-batches left with no token are skipped by the train step
+(`make_train_step(live=...)`). The update therefore runs as many micro-batches as the
+packed rows fill instead of M.
+
+Per-token arrays move with their tokens (`pack`; a shared prompt token takes its first
+row's values); an output per packed token comes back to every source token that maps to
+it (`unpack`). The loss is unchanged exactly when every term of the objective is a sum of
+per-token values over a mini-batch-wide denominator and the prompt positions carry no
+loss (`rljax.rl.actor_critic.packs_sequences`). verl's `use_remove_padding` with a
+dynamic batch size packs the same way under dynamic shapes; here the shapes stay static
+and only the count of micro-batches that run varies.
 """
 
 from __future__ import annotations
@@ -39,6 +51,8 @@ V = TypeVar("V")
 PAD_VALUES = {"expert_ids": -1}  # no recorded routing: the router's own top-k
 
 
+PACKED_FIELDS = ("segment_ids", "positions")  # what packing adds to a view; and "branch_ids" with shared prompts
+
 ROW_FACTOR = 2  # a packed row is this many source rows long, where a micro-batch's rows allow it
 
 
@@ -51,28 +65,41 @@ def row_factor(micro_rows: int, devices: int) -> int:
 
 @dataclass(frozen=True)
 class Packing:
-    """Where each of N sequences sits in the packed rows."""
+    """Where every real token of N source rows sits in the packed rows."""
 
-    row: np.ndarray  # [N] int the packed row of sequence i
-    start: np.ndarray  # [N] int its first column in that row
-    length: np.ndarray  # [N] int its tokens: columns [0, length) of its own row
-    segment: np.ndarray  # [N] int its segment id in the packed row (1, 2, ...)
+    source: tuple[np.ndarray, np.ndarray]  # (row, column) of every real source token
+    dest: tuple[np.ndarray, np.ndarray]  # (row, column) of its packed token; prompt tokens of one prompt share one
+    segment: np.ndarray  # per source token, its item's segment id in the packed row (1, 2, ...)
+    branch: np.ndarray  # per source token, its branch (0: one sequence, or a shared prompt)
     source_shape: tuple[int, int]  # (N, T) of the source rows
     shape: tuple[int, int]  # (N / f, f T) of the packed rows
     micro_batches: int  # the micro-batches that hold a token (the ones the train step runs)
-
-    def token_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(source row, source column, packed row, packed column) of every real token."""
-        sequence = np.repeat(np.arange(len(self.row)), self.length)  # [tokens]
-        column = np.arange(len(sequence)) - np.repeat(np.cumsum(self.length) - self.length, self.length)
-        return sequence, column, self.row[sequence], self.start[sequence] + column
+    shared: bool  # prompts may be shared: the packed batch carries `branch_ids`
 
 
-def plan_packing(attention_mask: np.ndarray, micro_rows: int, devices: int = 1, factor: int = 1) -> Packing:
+def row_prompts(input_ids: np.ndarray, response_mask: np.ndarray, expert_ids: np.ndarray | None = None
+                ) -> list[list[int]]:
+    """Rows grouped by prompt: the same tokens (and recorded routing) before their first
+    response token, with at least 2 of them; rows without a response token stand alone."""
+    groups: dict[tuple, list[int]] = {}
+    for i, mask in enumerate(np.asarray(response_mask) > 0):
+        first = int(np.argmax(mask)) if mask.any() else 0
+        if first < 2:
+            groups[("row", i)] = [i]
+            continue
+        key = (first, input_ids[i, :first].tobytes(), b"" if expert_ids is None else expert_ids[i, :first].tobytes())
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def plan_packing(attention_mask: np.ndarray, micro_rows: int, devices: int = 1, factor: int = 1,
+                 prompts: list[list[int]] | None = None, response_mask: np.ndarray | None = None) -> Packing:
     """First-fit-decreasing packing of `[N, T]` right-padded rows (their real tokens are
     a prefix) into N / `factor` rows of `factor` T, placed for micro-batches of
     `micro_rows` source rows (N / micro_rows of them) split over `devices` data-parallel
-    devices. Deterministic: every process computes the same packing from the same batch."""
+    devices. `prompts` (`row_prompts`, with the `response_mask` it read): share each
+    group's prompt among its rows. Deterministic: every process computes the same packing
+    from the same batch."""
     mask = np.asarray(attention_mask) > 0
     n, t = mask.shape
     length = mask.sum(axis=1)
@@ -83,49 +110,105 @@ def plan_packing(attention_mask: np.ndarray, micro_rows: int, devices: int = 1, 
     if n % micro_rows or micro_rows % (devices * factor):
         raise ValueError(f"packing: {n} rows do not split into micro-batches of {micro_rows} rows over "
                          f"{devices} devices, {factor} rows to a packed row")
-    num_micro, per_micro = n // micro_rows, micro_rows // factor
-    per_device, capacity = per_micro // devices, factor * t
+    capacity = factor * t
+    # an item: pieces (source rows, first column, end column, branch) laid out back to back; a
+    # shared prompt's piece stands for the same tokens of each of its rows
+    items: list[list[tuple[tuple[int, ...], int, int, int]]] = []
+    for rows in prompts or [[i] for i in range(n)]:
+        if len(rows) == 1:
+            items.append([((rows[0],), 0, int(length[rows[0]]), 0)])
+            continue
+        shared = int(np.argmax(np.asarray(response_mask)[rows[0]] > 0)) - 1  # the prompt but its last token
+        items.extend(_prompt_items(rows, shared, length, capacity))
+    sizes = [sum(end - begin for _, begin, end, _ in item) for item in items]
     used: list[int] = []  # tokens placed in each packed row so far
-    segments: list[int] = []  # sequences placed in each packed row so far
-    bin_of, start, segment = (np.zeros(n, np.int64) for _ in range(3))
-    for i in np.argsort(-length, kind="stable"):
-        b = next((b for b, u in enumerate(used) if u + length[i] <= capacity), len(used))
+    count: list[int] = []  # items placed in each packed row so far
+    pieces = []  # (source rows, begin, end, branch, bin, column, segment)
+    for j in np.argsort(-np.asarray(sizes), kind="stable"):
+        b = next((b for b, u in enumerate(used) if u + sizes[j] <= capacity), len(used))
         if b == len(used):
             used.append(0)
-            segments.append(0)
-        bin_of[i], start[i] = b, used[b]
-        used[b] += int(length[i])
-        segments[b] += 1
-        segment[i] = segments[b]
+            count.append(0)
+        count[b] += 1
+        for rows, begin, end, branch in items[j]:
+            pieces.append((rows, begin, end, branch, b, used[b], count[b]))
+            used[b] += end - begin
     # packed row j: micro-batch j // per_micro, its (j % per_micro)-th slot in an order that
     # deals slots to the devices in turn; global row = slot * M + micro-batch
+    num_micro, per_micro = n // micro_rows, micro_rows // factor
     k = np.arange(per_micro)
-    slot = (k % devices) * per_device + k // devices
-    row = slot[bin_of % per_micro] * num_micro + bin_of // per_micro
-    return Packing(row, start, length, segment, (n, t), (n // factor, capacity), -(-len(used) // per_micro))
+    slot = (k % devices) * (per_micro // devices) + k // devices
+    src_row, src_col, dst_row, dst_col, segment, branch = ([] for _ in range(6))
+    for rows, begin, end, br, b, column, seg in pieces:
+        span = np.arange(begin, end)
+        for row in rows:
+            src_row.append(np.full(len(span), row))
+            src_col.append(span)
+            dst_row.append(np.full(len(span), slot[b % per_micro] * num_micro + b // per_micro))
+            dst_col.append(column + span - begin)
+            segment.append(np.full(len(span), seg))
+            branch.append(np.full(len(span), br))
+    src_row, src_col, dst_row, dst_col, segment, branch = (np.concatenate(x) for x in (
+        src_row, src_col, dst_row, dst_col, segment, branch))
+    return Packing((src_row, src_col), (dst_row, dst_col), segment, branch, (n, t), (n // factor, capacity),
+                   -(-len(used) // per_micro), prompts is not None)
+
+
+def _prompt_items(rows: list[int], shared: int, length: np.ndarray, capacity: int
+                  ) -> list[list[tuple[tuple[int, ...], int, int, int]]]:
+    """The items of one prompt's rows: its first `shared` tokens once, then each row from
+    column `shared` on as branch 1, 2, ...; split first-fit into items that fit `capacity`,
+    each repeating the shared tokens (a row alone always fits: `shared` + its tail <= T)."""
+    tails = sorted(rows, key=lambda r: -int(length[r]))
+    groups: list[list[int]] = []
+    room: list[int] = []
+    for r in tails:
+        need = int(length[r]) - shared
+        g = next((g for g, free in enumerate(room) if need <= free), len(groups))
+        if g == len(groups):
+            groups.append([])
+            room.append(capacity - shared)
+        groups[g].append(r)
+        room[g] -= need
+    return [[(tuple(group), 0, shared, 0)] + [((r,), shared, int(length[r]), k + 1) for k, r in enumerate(group)]
+            for group in groups]
+
+
+def pack_rows(view: V, micro_rows: int, devices: int, factor: int, share_prompts: bool) -> tuple[V, Packing]:
+    """`view` (host arrays) packed for micro-batches of `micro_rows` rows over `devices`
+    devices into rows `factor` rows long, prompts shared among their rows when
+    `share_prompts`; and its `Packing`."""
+    prompts = None
+    if share_prompts:
+        prompts = row_prompts(np.asarray(view.input_ids), view.response_mask, getattr(view, "expert_ids", None))
+    packing = plan_packing(view.attention_mask, micro_rows, devices, factor, prompts, view.response_mask)
+    return pack(view, packing), packing
 
 
 def pack(view: V, packing: Packing) -> V:
-    """`view` (a dataclass of `[N, T, ...]` host arrays and a `segment_ids` field) with
-    its sequences in the packed rows; padding holds 0 (`PAD_VALUES` for some fields)."""
-    src_row, src_col, dst_row, dst_col = packing.token_index()
+    """`view` (a dataclass of `[N, T, ...]` host arrays with `segment_ids`, `positions`
+    and `branch_ids` fields) with its tokens in the packed rows; padding holds 0
+    (`PAD_VALUES` for some fields); `branch_ids` only where prompts may be shared."""
+    (src_row, src_col), dest = packing.source, packing.dest
     out = {}
     for name, x in present(view).items():
         x = np.asarray(x)
         if x.shape[:2] != packing.source_shape:
             raise ValueError(f"packing: field {name!r} is {x.shape}, not per token {packing.source_shape}")
         packed = np.full((*packing.shape, *x.shape[2:]), PAD_VALUES.get(name, 0), x.dtype)
-        packed[dst_row, dst_col] = x[src_row, src_col]
+        packed[dest] = x[src_row, src_col]
         out[name] = packed
-    segment_ids = np.zeros(packing.shape, np.int32)
-    segment_ids[dst_row, dst_col] = packing.segment[src_row]
-    return dataclasses.replace(view, **out, segment_ids=segment_ids)
+    for name, values in (("segment_ids", packing.segment), ("positions", src_col), ("branch_ids", packing.branch)):
+        if name != "branch_ids" or packing.shared:
+            out[name] = np.zeros(packing.shape, np.int32)
+            out[name][dest] = values
+    return dataclasses.replace(view, **out)
 
 
 def unpack(x: np.ndarray, packing: Packing) -> np.ndarray:
     """A per-token output of the packed rows `[N / f, f T, ...]` -> per source row `[N, T,
-    ...]`, each sequence's tokens where they were, 0 at padding."""
-    src_row, src_col, dst_row, dst_col = packing.token_index()
+    ...]`: every source token gets its packed token's value (a shared prompt's, each of
+    its rows), 0 at padding."""
     out = np.zeros((*packing.source_shape, *x.shape[2:]), x.dtype)
-    out[src_row, src_col] = x[dst_row, dst_col]
+    out[packing.source] = x[packing.dest]
     return out

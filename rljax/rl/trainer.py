@@ -39,6 +39,7 @@ from rljax.config import ConfigError
 from rljax.data import make_dataset
 from rljax.hostsync import exchange_objects
 from rljax.memory import memory_metrics
+from rljax.models.attention import resolve_attention
 from rljax.models.heads import ScalarHeadModel
 from rljax.models.lora import sharing_base
 from rljax.parallel import make_mesh, state_shardings
@@ -54,7 +55,8 @@ from rljax.rl.evaluate import validate
 from rljax.rl.forwards import BatchForwards, make_log_prob_fn
 from rljax.rl.generation import Generation, make_sampler
 from rljax.rl.learner import make_learner
-from rljax.rl.actor_critic import ActorBatch, CriticBatch, actor_objective, critic_objective, packs_sequences
+from rljax.rl.actor_critic import (ActorBatch, CriticBatch, actor_objective, critic_objective, packs_sequences,
+                                   shares_prompts)
 from rljax.rl.producer import SyncProducer
 from rljax.rl.scoring import ScoredRollout, score_completions
 from rljax.rl.step_metrics import Timer, batch_metrics, rollout_mismatch, throughput
@@ -62,6 +64,13 @@ from rljax.rl.warmup import run_warmup_sft
 from rljax.runs import Run
 from rljax.train.setup import build_decoder, peak_flops
 from rljax.train.skip_guard import SkipGuard
+
+
+def training_attention(decoder, mesh) -> str:
+    """The attention kernel the decoder's training forwards run on the mesh's platform."""
+    return resolve_attention(decoder.attention, mesh.devices.flat[0].platform, decoder.policy.compute,
+                             decoder.config.head_dim)
+
 
 class RLTrainer:
     """Holds the run's pieces; `step()` runs one RL iteration, `fit()` the whole run."""
@@ -84,7 +93,8 @@ class RLTrainer:
         objective, totals = actor_objective(a, r.temperature, corr)
         self.actor = make_learner(decoder, a.optim, objective, totals, cfg, self.mesh, a.ppo_mini_batch_size,
                                   a.ppo_micro_batch_size_per_device, a.ppo_epochs, a.shuffle, ActorBatch,
-                                  cfg.trainer.seed, "actor", pack=packs_sequences(a, corr))
+                                  cfg.trainer.seed, "actor", pack=packs_sequences(a, corr),
+                                  share_prompts=shares_prompts(a, corr, training_attention(decoder, self.mesh)))
         self.fields = BatchFields.of(cfg)  # the optional fields of every step batch
         self.advantage_stage = AdvantageStage.of(cfg)
         self.reference = None  # with LoRA the reference is the policy with its adapters off: no copy

@@ -39,7 +39,9 @@ from rljax.rl.batch import BatchFields, StepBatch, abstract_batch
 from rljax.rl.config import RLConfig
 from rljax.rl.forwards import BatchForwards
 from rljax.rl.learner import learner_update
-from rljax.rl.actor_critic import ActorBatch, CriticBatch, actor_objective, critic_objective, packs_sequences
+from rljax.rl.actor_critic import (ActorBatch, CriticBatch, actor_objective, critic_objective, packs_sequences,
+                                   shares_prompts)
+from rljax.rl.packing import PACKED_FIELDS
 from rljax.rollout.attention import cache_head_dim, resolve_paged_attention, tpu_queries_per_block
 from rljax.rollout.buckets import Buckets
 from rljax.rollout.config import SamplerConfig
@@ -131,12 +133,12 @@ def _reshard_source(source: NamedSharding, target: NamedSharding) -> NamedShardi
     return NamedSharding(mesh, source.spec, _logical_device_ids=logical)
 
 
-def _rows(view: type, cfg: RLConfig, rows: int, length: int, mesh, model: ModelConfig, packed: bool = False):
+def _rows(view: type, cfg: RLConfig, rows: int, length: int, mesh, model: ModelConfig, extra: tuple[str, ...] = ()):
     """The abstract `view` of the run's step batch (`rljax.rl.batch.abstract_batch`):
-    `rows x length`, the fields the config asks for (`packed`: and segment ids), rows split
-    over the mesh."""
+    `rows x length`, the fields the config asks for and the `extra` ones (packing's), rows
+    split over the mesh."""
     return abstract_batch(view, BatchFields.of(cfg), rows, length,
-                          (model.num_hidden_layers, model.num_experts_per_tok), batch_sharding(mesh), packed)
+                          (model.num_hidden_layers, model.num_experts_per_tok), batch_sharding(mesh), extra)
 
 
 @dataclass
@@ -196,13 +198,15 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
         reference = abstract_params if a.kl_loss or cfg.algorithm.use_kl_in_reward else None
 
         def train_program(name, graph, state_params, optim, objective, totals, inputs, mini, micro, epochs, frozen,
-                          pack=False):
+                          pack=False, share_prompts=False):
             update = learner_update(graph, state_params, optim, objective, totals, cfg, mesh, mini,
                                     0 if single_micro_batch else micro, epochs, pack)
             shapes = jax.eval_shape(lambda p: init_train_state(p, update.optimizer, cfg.trainer.seed), state_params)
             f = update.pack_factor or 1  # packed: rows f times as long, f times fewer
             rows, length = update.mini_rows // f, f * row
-            batch = _rows(inputs, cfg, rows, length, mesh, model, bool(update.pack_factor))
+            extra = PACKED_FIELDS if update.pack_factor else ()
+            extra += ("branch_ids",) if update.pack_factor and share_prompts else ()
+            batch = _rows(inputs, cfg, rows, length, mesh, model, extra)
             tokens = rows * length
             packed = ", packed" if update.pack_factor else ""
             label = f"{name} train step [{rows}x{length}, {update.mini_rows // update.micro_rows} micro{packed}]"
@@ -215,7 +219,8 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
         objective, totals = actor_objective(a, r.temperature, correction)
         programs.append(train_program("actor", graphdef, params, a.optim, objective, totals, ActorBatch,
                                       a.ppo_mini_batch_size, a.ppo_micro_batch_size_per_device, a.ppo_epochs,
-                                      reference, packs_sequences(a, correction)))
+                                      reference, packs_sequences(a, correction),
+                                      shares_prompts(a, correction, train_attention)))
         critic_graph = critic_params = None
         if get_adv_estimator(cfg.algorithm.adv_estimator).needs_critic:
             c = cfg.critic

@@ -14,14 +14,23 @@ from rljax.config import load_config
 from rljax.models import ModelConfig, init_model
 from rljax.parallel import MeshConfig, make_mesh
 from rljax.rl.actor_critic import ActorBatch, actor_objective, packs_sequences
-from rljax.rl.batch import StepBatch
+from rljax.rl.batch import StepBatch, take
 from rljax.rl.config import ActorConfig, PolicyLossConfig, RLConfig, RolloutCorrectionConfig
 from rljax.rl.learner import make_learner
-from rljax.rl.packing import pack, plan_packing, row_factor, unpack
+from rljax.models.attention import branch_mask
+from rljax.rl.packing import pack, pack_rows, plan_packing, row_factor, row_prompts, unpack
 
 
 def right_padded(lengths, length):
     return (np.arange(length)[None] < np.asarray(lengths)[:, None]).astype(np.int32)
+
+
+def placement(packing):
+    """(packed row, first column, segment) of each source row's first token."""
+    (src_row, src_col), (dst_row, dst_col) = packing.source, packing.dest
+    first = src_col == 0
+    order = np.argsort(src_row[first])
+    return dst_row[first][order], dst_col[first][order], packing.segment[first][order]
 
 
 def test_first_fit_decreasing_placement_by_hand():
@@ -31,9 +40,10 @@ def test_first_fit_decreasing_placement_by_hand():
     # bin j: micro-batch j // 2, slot j % 2; packed row = slot * 4 micro-batches + micro-batch
     bins_to_rows = {0: 0, 1: 4, 2: 1, 3: 5}
     expected_bin = [2, 2, 3, 1, 1, 0, 0, 3]
-    np.testing.assert_array_equal(packing.row, [bins_to_rows[b] for b in expected_bin])
-    np.testing.assert_array_equal(packing.start, [0, 5, 0, 6, 0, 7, 0, 4])
-    np.testing.assert_array_equal(packing.segment, [1, 2, 1, 2, 1, 2, 1, 2])
+    row, start, segment = placement(packing)
+    np.testing.assert_array_equal(row, [bins_to_rows[b] for b in expected_bin])
+    np.testing.assert_array_equal(start, [0, 5, 0, 6, 0, 7, 0, 4])
+    np.testing.assert_array_equal(segment, [1, 2, 1, 2, 1, 2, 1, 2])
     assert packing.micro_batches == 2  # of 4: rows 2, 3, 6, 7 (micro-batches 2 and 3) stay empty
 
 
@@ -41,9 +51,10 @@ def test_rows_twice_as_long_hold_any_two_sequences_by_hand():
     # rows of 16: bin 0 = 7 + 6 + 3, bin 1 = 5 + 4 + 2 + 2 + 1; both in micro-batch 0 (2 packed rows)
     packing = plan_packing(right_padded([5, 3, 4, 2, 6, 1, 7, 2], 8), micro_rows=4, factor=2)
     assert packing.shape == (4, 16) and packing.source_shape == (8, 8)
-    np.testing.assert_array_equal(packing.row, [2, 0, 2, 2, 0, 2, 0, 2])  # bin 1: slot 1 -> row 1 * 2 + 0
-    np.testing.assert_array_equal(packing.start, [0, 13, 5, 9, 7, 13, 0, 11])
-    np.testing.assert_array_equal(packing.segment, [1, 3, 2, 3, 2, 5, 1, 4])
+    row, start, segment = placement(packing)
+    np.testing.assert_array_equal(row, [2, 0, 2, 2, 0, 2, 0, 2])  # bin 1: slot 1 -> row 1 * 2 + 0
+    np.testing.assert_array_equal(start, [0, 13, 5, 9, 7, 13, 0, 11])
+    np.testing.assert_array_equal(segment, [1, 3, 2, 3, 2, 5, 1, 4])
     assert packing.micro_batches == 1  # of 2
 
 
@@ -73,10 +84,13 @@ def test_pack_moves_every_token_and_unpack_brings_it_back(factor):
     for name in ("input_ids", "response_mask", "advantages"):
         np.testing.assert_array_equal(unpack(getattr(packed, name), packing), getattr(view, name) * mask)
     np.testing.assert_array_equal(unpack(packed.expert_ids, packing)[mask > 0], view.expert_ids[mask > 0])
-    # each sequence is contiguous, numbered within its row, and rows hold at most T tokens
+    # each sequence is contiguous, numbered within its row, its positions 0, 1, ...
+    row, start, segment = placement(packing)
     for i in range(rows):
-        r, s, n = packing.row[i], packing.start[i], lengths[i]
-        assert (seg[r, s : s + n] == packing.segment[i]).all()
+        r, s, n = row[i], start[i], lengths[i]
+        assert (seg[r, s : s + n] == segment[i]).all()
+        np.testing.assert_array_equal(packed.positions[r, s : s + n], np.arange(n))
+    assert packed.branch_ids is None  # no shared prompts asked
     # the filled rows sit in the first micro-batches (rows m, M + m, ...), half on each device
     num_micro, packed_rows = rows // (4 * factor), rows // factor
     filled = np.flatnonzero(seg.any(axis=1))
@@ -84,6 +98,59 @@ def test_pack_moves_every_token_and_unpack_brings_it_back(factor):
     assert packing.micro_batches == -(-len(filled) // 4) < num_micro
     per_device = [(filled < packed_rows // 2).sum(), (filled >= packed_rows // 2).sum()]
     assert abs(per_device[0] - per_device[1]) <= 1
+
+
+def test_samples_of_one_prompt_share_it_by_hand():
+    """Rows 0 and 2: prompt [5, 6, 7] and responses [8, 9] and [10]; row 1 another prompt.
+    The packed row: the prompt's first 2 tokens once, then each sample from the prompt's
+    last token on as a branch (longest first), then row 1 as its own segment."""
+    ids = np.array([[5, 6, 7, 8, 9, 0, 0, 0], [5, 6, 4, 3, 0, 0, 0, 0], [5, 6, 7, 10, 0, 0, 0, 0],
+                    [0] * 8], np.int32)
+    mask = right_padded([5, 4, 4, 0], 8)
+    response = np.zeros((4, 8), np.float32)
+    response[0, 3:5] = response[1, 3] = response[2, 3] = 1
+    view = ActorBatch(input_ids=ids, attention_mask=mask, response_mask=response, old_log_probs=None,
+                      advantages=response * 2)
+    groups = row_prompts(ids, response)
+    assert sorted(groups) == [[0, 2], [1], [3]]
+    packed, packing = pack_rows(view, micro_rows=4, devices=1, factor=2, share_prompts=True)
+    assert packed.input_ids.shape == (2, 16) and packing.micro_batches == 1
+    np.testing.assert_array_equal(packed.input_ids[0], [5, 6, 7, 8, 9, 7, 10, 5, 6, 4, 3, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(packed.segment_ids[0], [1] * 7 + [2] * 4 + [0] * 5)
+    np.testing.assert_array_equal(packed.branch_ids[0], [0, 0, 1, 1, 1, 2, 2] + [0] * 9)
+    np.testing.assert_array_equal(packed.positions[0], [0, 1, 2, 3, 4, 2, 3, 0, 1, 2, 3] + [0] * 5)
+    np.testing.assert_array_equal(packed.advantages[0], [0, 0, 0, 2, 2, 0, 2] + [0, 0, 0, 2] + [0] * 5)
+    assert not packed.segment_ids[1].any()
+    # the second sample's tokens see the prompt's first two tokens and their own branch only
+    visible = np.asarray(branch_mask(packed.segment_ids, packed.branch_ids))[0]
+    np.testing.assert_array_equal(np.flatnonzero(visible[6]), [0, 1, 5, 6])
+    np.testing.assert_array_equal(np.flatnonzero(visible[4]), [0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(np.flatnonzero(visible[10]), [7, 8, 9, 10])
+    # every source token comes back, the shared ones to each of their rows
+    np.testing.assert_array_equal(unpack(packed.input_ids, packing), ids)
+
+
+def test_rows_differing_before_their_response_or_in_routing_do_not_share():
+    ids = np.array([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9, 4], [1, 2, 3, 6]], np.int32)
+    response = np.array([[0, 0, 0, 1], [0, 0, 0, 1], [0, 0, 0, 1], [0, 0, 1, 1]], np.float32)
+    assert sorted(row_prompts(ids, response)) == [[0, 1], [2], [3]]  # row 3's response starts earlier
+    routing = np.zeros((4, 4, 1, 1), np.int32)
+    routing[1, 0] = 1
+    assert sorted(row_prompts(ids, response, routing)) == [[0], [1], [2], [3]]
+    assert sorted(row_prompts(ids, np.zeros_like(response))) == [[0], [1], [2], [3]]  # no response: alone
+
+
+def test_a_prompt_whose_samples_overflow_a_row_is_split_repeating_it():
+    ids = np.tile(np.arange(1, 9, dtype=np.int32), (4, 1))  # prompt of 4, responses of 4: 4 + 4 x 5 > 16
+    response = np.zeros((4, 8), np.float32)
+    response[:, 4:] = 1
+    view = ActorBatch(input_ids=ids, attention_mask=right_padded([8] * 4, 8), response_mask=response,
+                      old_log_probs=None, advantages=response)
+    packed, packing = pack_rows(view, micro_rows=4, devices=1, factor=2, share_prompts=True)
+    # two items of 3 + 5 + 5 = 13 tokens: one per row (13 + 13 > 16)
+    np.testing.assert_array_equal((packed.segment_ids > 0).sum(axis=1), [13, 13])
+    np.testing.assert_array_equal(packed.input_ids[0, :13], [1, 2, 3, 4, 5, 6, 7, 8, 4, 5, 6, 7, 8])
+    np.testing.assert_array_equal(unpack(packed.input_ids, packing), ids)
 
 
 def test_a_row_with_a_gap_is_refused():
@@ -115,27 +182,42 @@ CONFIG = ModelConfig(model_type="qwen2", vocab_size=VOCAB, hidden_size=16, inter
 
 
 def step_batch(rows=16, length=16, seed=0):
-    """Prompts of 3-5 tokens and responses of 1-7: rows of 4-12 of 16 positions."""
+    """4 prompts of 3-5 tokens, 4 samples each, responses of 1-7: rows of 4-12 of 16
+    positions (the KL loss reads ref_log_probs: also at the shared prompt's positions,
+    where each row has its own values and the loss none)."""
     rng = np.random.RandomState(seed)
-    prompt, response = rng.randint(3, 6, rows), rng.randint(1, 8, rows)
+    prompt, response = np.repeat(rng.randint(3, 6, rows // 4), 4), rng.randint(1, 8, rows)
     mask = right_padded(prompt + response, length)
     response_mask = (mask * (np.arange(length)[None] >= prompt[:, None])).astype(np.float32)
+    input_ids = rng.randint(1, VOCAB, (rows, length))
+    input_ids[:, :5] = np.repeat(rng.randint(1, VOCAB, (rows // 4, 5)), 4, axis=0)  # a group's prompt
     zeros = np.zeros((rows, length), np.float32)
     base = -np.log(VOCAB)
     return StepBatch(
-        input_ids=(rng.randint(1, VOCAB, (rows, length)) * mask).astype(np.int32), attention_mask=mask,
+        input_ids=(input_ids * mask).astype(np.int32), attention_mask=mask,
         response_mask=response_mask, rollout_log_probs=zeros, token_level_scores=zeros,
         group_ids=np.repeat(np.arange(rows // 4), 4).astype(np.int32),
-        ref_log_probs=((base + 0.3 * rng.randn(rows, length)) * response_mask).astype(np.float32),
+        ref_log_probs=((base + 0.3 * rng.randn(rows, length)) * mask).astype(np.float32),
         advantages=(rng.randn(rows, length) * response_mask).astype(np.float32))
 
 
+def test_shared_prompts_hold_each_prompt_once_per_item():
+    """Tokens in the packed rows: every row's tokens from its prompt's last on, plus each
+    prompt's other tokens once (the prompts are short enough that none is split)."""
+    batch = step_batch()
+    view = take(ActorBatch, batch)
+    prompt = np.argmax(batch.response_mask > 0, axis=1)
+    expected = int((batch.attention_mask.sum(1) - prompt + 1).sum() + (prompt[::4] - 1).sum())
+    packed, _ = pack_rows(view, micro_rows=4, devices=2, factor=2, share_prompts=True)
+    assert int((packed.segment_ids > 0).sum()) == expected < int(batch.attention_mask.sum())
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("old_given", [False, True])
-def test_a_packed_update_equals_the_unpacked_one(old_given):
+@pytest.mark.parametrize("old_given, share", [(False, False), (True, False), (False, True), (True, True)])
+def test_a_packed_update_equals_the_unpacked_one(old_given, share):
     """16 rows, micro-batches of 2 rows per device on data=2: 4 micro-batches unpacked; packed
-    into 8 rows of 32, 1 micro-batch. Same parameters after the step, same losses, same old
-    log-probs."""
+    into 8 rows of 32 (with or without shared prompts), fewer. Same parameters after the
+    step, same losses, same old log-probs."""
     cfg = load_config(RLConfig, None, ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4",
                                        "actor.ppo_micro_batch_size_per_device=2", "trainer.total_steps=1",
                                        "actor.optim.lr=1e-2", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.5",
@@ -151,8 +233,8 @@ def test_a_packed_update_equals_the_unpacked_one(old_given):
     results = {}
     for packed in (False, True):
         learner = make_learner(init_model(CONFIG, seed=0), cfg.actor.optim, objective, totals, cfg, mesh, 4, 2, 1,
-                               False, ActorBatch, 0, "actor", pack=packed)
-        assert learner.pack_factor == (2 if packed else 0)
+                               False, ActorBatch, 0, "actor", pack=packed, share_prompts=share)
+        assert learner.pack_factor == (2 if packed else 0) and learner.share_prompts == (packed and share)
         metrics, per_row = learner.update(batch, mesh, np.random.default_rng(0))
         results[packed] = metrics, per_row, [np.asarray(x) for x in jax.tree.leaves(learner.state.params)]
     (m0, r0, p0), (m1, r1, p1) = results[False], results[True]
