@@ -112,16 +112,6 @@ class Plan:
             self.total += int(nbytes)
 
 
-def resolved_attention(name: str, backend: str, compute_dtype: str, head_dim: int) -> str:
-    """The kernel `model.attention` runs on `backend` ("auto" is decided there by dtype and
-    head size: `rljax.models.attention.choose_attention`)."""
-    if name != "auto":
-        return name
-    from rljax.models.attention import choose_attention
-
-    return choose_attention(backend, compute_dtype, head_dim, True)
-
-
 def moe_mlp_terms(cfg, fsdp: int, tensor: int, compute_bytes: int = 2) -> tuple[float, float]:
     """Values per token of this device's rows, in units of the compute dtype (c bytes), that
     one MoE layer keeps (`rljax.models.moe.expert_parallel_dispatch`): the fsdp group's
@@ -333,10 +323,13 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
 
     from rljax.algos.registry import get_adv_estimator
     from rljax.models import DTypePolicy, init_model
+    from rljax.models.attention import resolve_attention
     from rljax.models.lora import add_adapters, split_trainable
     from rljax.parallel import (abstract_mesh, check_batch, data_parallel_size, mesh_desc, optimizer_shardings,
                                 planned_bytes, state_shardings)
+    from rljax.rl.actor_critic import packs_sequences
     from rljax.rl.async_config import device_counts
+    from rljax.rl.packing import row_factor
     from rljax.rl.config import RLConfig
     from rljax.rollout.config import SamplerConfig
     from rljax.train.optim import make_optimizer
@@ -380,6 +373,10 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
     check_batch(micro, mesh, name="micro-batch")
     num_micro = max(batch // micro, 1)
     rows = micro // dp
+    # packed mini-batches (`rljax.rl.packing`): a device's rows f times fewer and f times as long
+    factor = row_factor(micro, dp) if rl and num_micro > 1 and packs_sequences(
+        rl.actor, rl.algorithm.rollout_correction) else 1
+    rows, packed_seq = rows // factor, seq * factor
     tensor = mesh.shape["tensor"]
     c = jnp.dtype(policy.compute).itemsize
     total_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
@@ -397,11 +394,12 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
         + (f"; trainer.mode={rl.trainer.mode}: {n_train} of the {n} devices train, the other {n_rollout} sample"
            if split else ""),
         f"param {policy.param_dtype}, compute {policy.compute_dtype}; micro-batch {micro} rows "
-        f"({rows} per device) x {seq} tokens, {num_micro} micro-batch(es) per step; remat={section.remat}, "
+        f"({rows * factor} per device) x {seq} tokens, {num_micro} micro-batch(es) per step"
+        + (f" (packed: {rows} x {packed_seq} per device)" if factor > 1 else "") + f"; remat={section.remat}, "
         f"attention={section.attention}"
         + (f"; LoRA rank {section.lora.rank} on {','.join(section.lora.target_modules)}: {_count(trained_params)} "
            f"trained params ({trained_params / total_params:.2%})" if lora else "")
-        + (f" (-> {resolved_attention(section.attention, backend, policy.compute_dtype, cfg.head_dim)} on "
+        + (f" (-> {resolve_attention(section.attention, backend, policy.compute_dtype, cfg.head_dim)} on "
            f"{backend})" if section.attention == "auto" else ""),
     ])
     plan.add(f"params ({policy.param_dtype})" + (" (frozen base + adapters)" if lora else ""), p_bytes)
@@ -420,7 +418,7 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
                  f"{-(-cfg.num_experts // mesh.shape['fsdp'])} per device)",
                  planned_bytes(experts, state_shardings(experts, mesh)), count=False)
         plan.add("MoE dispatch buffers, one layer (in the activations)",
-                 moe_dispatch_bytes(cfg, rows, seq, mesh.shape["fsdp"], tensor, c), count=False)
+                 moe_dispatch_bytes(cfg, rows, packed_seq, mesh.shape["fsdp"], tensor, c), count=False)
     if mesh.shape["fsdp"] > 1:
         plan.add("one layer's weights all-gathered over fsdp (x2, prefetch)" + (" (not the experts)" if cfg.is_moe
                                                                                  else ""),
@@ -442,12 +440,13 @@ def make_plan(run, *, devices: int | None = None, device_memory_gb: float | None
                  ct_bytes + co_bytes + ct_bytes)
     elif critic:
         plan.add("critic: params + optimizer + gradients", p_bytes + o_bytes + t_bytes)
-    kernel = resolved_attention(section.attention, backend, policy.compute_dtype, cfg.head_dim)
+    kernel = resolve_attention(section.attention, backend, policy.compute_dtype, cfg.head_dim)
     for remat in ("none", "save_dots", "full"):
-        act = activation_bytes(cfg, rows, seq, tensor, c, remat, kernel, mesh.shape["fsdp"], fused=backend != "cpu")
+        act = activation_bytes(cfg, rows, packed_seq, tensor, c, remat, kernel, mesh.shape["fsdp"],
+                               fused=backend != "cpu")
         plan.add(f"activations, remat={remat}" + (" (configured)" if remat == section.remat else ""),
                  act, count=remat == section.remat)
-    plan.add("logits, chunked log-probs", logits_bytes(cfg, rows, seq, tensor, backend))
+    plan.add("logits, chunked log-probs", logits_bytes(cfg, rows, packed_seq, tensor, backend))
 
     # the sampler's KV cache: on the training mesh (tp = 0), or the replicas' below; a supervised
     # config has no sampler: the engine's defaults

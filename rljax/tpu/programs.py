@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rljax.algos.registry import get_adv_estimator
 from rljax.models import DTypePolicy, ModelConfig, init_model, read_config
-from rljax.models.attention import choose_attention, compiling_for
+from rljax.models.attention import compiling_for, resolve_attention
 from rljax.models.heads import ScalarHeadModel
 from rljax.parallel import batch_sharding, make_mesh, replicated, state_shardings
 from rljax.rl.batch import BatchFields, StepBatch, abstract_batch
@@ -182,9 +182,7 @@ def run_programs(cfg: RLConfig, devices: list, *, config: ModelConfig | None = N
                           attention=section.attention)
 
     # the train step's attention FLOPs inside the splash kernel, per token (see `Program.kernel_flops`)
-    train_attention = section.attention
-    if train_attention == "auto":
-        train_attention = choose_attention(platform, policy.compute, model.head_dim)
+    train_attention = resolve_attention(section.attention, platform, policy.compute, model.head_dim)
     def splash_flops(length: int) -> float:
         return model.attention_flops_per_token(length, training=True) if train_attention == "splash" else 0.0
 

@@ -182,7 +182,9 @@ def test_qwen_05b_shaped_train_step_fits_a_v5e_chip(v5e_2x2):
                                              "model.remat=full", "actor.ppo_micro_batch_size_per_device=16"])
     run = run_programs(cfg, v5e_2x2, num_pages=default_pages(cfg))
     program = run.programs[0]
-    assert program.kind == "train" and "4 micro" in program.name
+    # 256 rows in micro-batches of 16 per chip: packed into 128 rows twice as long (splash: no shared prompts)
+    assert program.kind == "train" and "4 micro, packed" in program.name
+    assert program.args[1].segment_ids.shape == (128, 2 * cfg.row_length) and program.args[1].branch_ids is None
     # tests/conftest.py sets matmul precision "highest" for the CPU oracles; Mosaic refuses bf16 matmuls
     # at that precision ("Bad lhs type"), so the run's own default precision is restored here
     with jax.default_matmul_precision("default"):
