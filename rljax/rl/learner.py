@@ -24,8 +24,8 @@ from rljax.hostsync import fetch, shard_global_batch
 from rljax.models.lora import join
 from rljax.parallel import data_parallel_size
 from rljax.rl.batch import StepBatch, present, select_rows, take
-from rljax.rl.packing import Packing, pack_rows, row_factor, unpack
 from rljax.rl.config import RLConfig
+from rljax.rl.packing import Packing, pack_rows, row_factor, unpack
 from rljax.train.optim import OptimConfig, make_optimizer
 from rljax.train.setup import init_sharded_train_state, place_trainable, train_state_shardings
 from rljax.train.steps import ROWS, TrainState, make_train_step

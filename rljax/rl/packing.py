@@ -26,8 +26,9 @@ devices, and the micro-batches left with no token are skipped by the train step
 (`make_train_step(live=...)`). The update therefore runs as many micro-batches as the
 packed rows fill instead of M.
 
-Per-token arrays move with their tokens (`pack`; a shared prompt token takes its first
-row's values); an output per packed token comes back to every source token that maps to
+Per-token arrays move with their tokens (`pack`; a shared prompt token takes one of its
+rows' values: they agree on the tokens and the recorded routing, and no other field
+enters the loss at a prompt position); an output per packed token comes back to every source token that maps to
 it (`unpack`). The loss is unchanged exactly when every term of the objective is a sum of
 per-token values over a mini-batch-wide denominator and the prompt positions carry no
 loss (`rljax.rl.actor_critic.packs_sequences`). verl's `use_remove_padding` with a
