@@ -230,6 +230,7 @@ def main(args: argparse.Namespace) -> int:
                     row = {"mode": mode, "iter": i, "model": name, "rows": args.prompts * args.n,
                            "attention": attention}
                     row.update({k: metrics.get(f"timing_s/{k}") for k in TIMING_KEYS})
+                    row["micro_batches"] = metrics.get("actor/micro_batches")  # run of the update's (packing)
                     row["trainer_idle"] = metrics.get("async/trainer_idle_fraction")
                     row["sampler_idle"] = metrics.get("async/sampler_idle_fraction")
                     row["staleness"] = metrics.get("async/staleness/max")
