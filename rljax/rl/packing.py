@@ -10,15 +10,19 @@ when most sequences pass T / 2; attention, quadratic in the row, is a small shar
 FLOPs at these lengths. The shape is static per row length: it compiles as the unpacked
 one does.
 
-Items are placed first-fit decreasing; each row numbers its items 1, 2, ... in
-`segment_ids` (0: padding), so attention stays within an item, and `positions` are each
-token's position in its own sequence (`rljax.models.transformer.Decoder`). An item is a
-sequence, or with `share_prompts` the rows of one prompt (the same tokens before their
-first response token, at P): the prompt's first P - 1 tokens once (branch 0), then per
-row its tokens from P - 1 on (branches 1, 2, ...) in `branch_ids`. Each branch sees the
-prompt and itself (`rljax.models.attention.branch_mask`); it repeats the prompt's last
-token, whose hidden state predicts the branch's first response token. A prompt whose
-rows do not fit one packed row is split into items that each repeat the prompt.
+Each packed row numbers its segments 1, 2, ... in `segment_ids` (0: padding), so
+attention stays within a segment, and `positions` are each token's position in its own
+sequence (`rljax.models.transformer.Decoder`). A segment is one sequence, or with
+`share_prompts` samples of one prompt (rows with the same tokens before their first
+response token, at P): the prompt's first P - 1 tokens once (branch 0), then per row its
+tokens from P - 1 on (branches 1, 2, ...) in `branch_ids`. Each branch sees the prompt
+and itself (`rljax.models.attention.branch_mask`); it repeats the prompt's last token,
+whose hidden state predicts the branch's first response token.
+
+Placement is first-fit decreasing, largest prompt group first, row by row (longest
+first): a row goes to the first packed row that already holds its prompt and has room for
+its tail, else to the first with room for the prompt and its tail, else to a new one. A
+prompt's samples may so spread over several packed rows, each holding the prompt once.
 
 The filled rows go to the first micro-batches (`rljax.train.steps.split_micro_batches`
 gives micro-batch m the rows m, M + m, ...), spread evenly over the data-parallel
@@ -28,8 +32,8 @@ packed rows fill instead of M.
 
 Per-token arrays move with their tokens (`pack`; a shared prompt token takes one of its
 rows' values: they agree on the tokens and the recorded routing, and no other field
-enters the loss at a prompt position); an output per packed token comes back to every source token that maps to
-it (`unpack`). The loss is unchanged exactly when every term of the objective is a sum of
+enters the loss at a prompt position); an output per packed token comes back to every
+source token that maps to it (`unpack`). The loss is unchanged exactly when every term of the objective is a sum of
 per-token values over a mini-batch-wide denominator and the prompt positions carry no
 loss (`rljax.rl.actor_critic.packs_sequences`). verl's `use_remove_padding` with a
 dynamic batch size packs the same way under dynamic shapes; here the shapes stay static
@@ -95,8 +99,8 @@ def row_prompts(input_ids: np.ndarray, response_mask: np.ndarray, expert_ids: np
 
 def plan_packing(attention_mask: np.ndarray, micro_rows: int, devices: int = 1, factor: int = 1,
                  prompts: list[list[int]] | None = None, response_mask: np.ndarray | None = None) -> Packing:
-    """First-fit-decreasing packing of `[N, T]` right-padded rows (their real tokens are
-    a prefix) into N / `factor` rows of `factor` T, placed for micro-batches of
+    """First-fit-decreasing packing (see the module) of `[N, T]` right-padded rows (their
+    real tokens are a prefix) into N / `factor` rows of `factor` T, placed for micro-batches of
     `micro_rows` source rows (N / micro_rows of them) split over `devices` data-parallel
     devices. `prompts` (`row_prompts`, with the `response_mask` it read): share each
     group's prompt among its rows. Deterministic: every process computes the same packing
@@ -112,67 +116,63 @@ def plan_packing(attention_mask: np.ndarray, micro_rows: int, devices: int = 1, 
         raise ValueError(f"packing: {n} rows do not split into micro-batches of {micro_rows} rows over "
                          f"{devices} devices, {factor} rows to a packed row")
     capacity = factor * t
-    # an item: pieces (source rows, first column, end column, branch) laid out back to back; a
-    # shared prompt's piece stands for the same tokens of each of its rows
-    items: list[list[tuple[tuple[int, ...], int, int, int]]] = []
-    for rows in prompts or [[i] for i in range(n)]:
-        if len(rows) == 1:
-            items.append([((rows[0],), 0, int(length[rows[0]]), 0)])
-            continue
-        shared = int(np.argmax(np.asarray(response_mask)[rows[0]] > 0)) - 1  # the prompt but its last token
-        items.extend(_prompt_items(rows, shared, length, capacity))
-    sizes = [sum(end - begin for _, begin, end, _ in item) for item in items]
+    # a group: rows whose first `shared` tokens are held once per packed row (0: a row alone)
+    groups = [(rows, _shared_tokens(rows, response_mask) if len(rows) > 1 else 0)
+              for rows in (prompts or [[i] for i in range(n)])]
+    sizes = [shared + sum(int(length[r]) - shared for r in rows) for rows, shared in groups]
     used: list[int] = []  # tokens placed in each packed row so far
-    count: list[int] = []  # items placed in each packed row so far
-    pieces = []  # (source rows, begin, end, branch, bin, column, segment)
-    for j in np.argsort(-np.asarray(sizes), kind="stable"):
-        b = next((b for b, u in enumerate(used) if u + sizes[j] <= capacity), len(used))
-        if b == len(used):
-            used.append(0)
-            count.append(0)
-        count[b] += 1
-        for rows, begin, end, branch in items[j]:
-            pieces.append((rows, begin, end, branch, b, used[b], count[b]))
-            used[b] += end - begin
-    # packed row j: micro-batch j // per_micro, its (j % per_micro)-th slot in an order that
+    segments: list[dict[int, list[int]]] = []  # per packed row: group -> its rows there, in placement order
+    for g in np.argsort(-np.asarray(sizes), kind="stable"):
+        rows, shared = groups[g]
+        for r in sorted(rows, key=lambda r: -int(length[r])):
+            tail = int(length[r]) - shared
+            b = next((b for b, u in enumerate(used) if g in segments[b] and u + tail <= capacity), None)
+            if b is None:  # a packed row with room for the shared tokens too, else a new one
+                b = next((b for b, u in enumerate(used) if u + shared + tail <= capacity), len(used))
+                if b == len(used):
+                    used.append(0)
+                    segments.append({})
+                segments[b][g] = []
+                used[b] += shared
+            segments[b][g].append(r)
+            used[b] += tail
+    # packed row b: micro-batch b // per_micro, its (b % per_micro)-th slot in an order that
     # deals slots to the devices in turn; global row = slot * M + micro-batch
     num_micro, per_micro = n // micro_rows, micro_rows // factor
     k = np.arange(per_micro)
     slot = (k % devices) * (per_micro // devices) + k // devices
     src_row, src_col, dst_row, dst_col, segment, branch = ([] for _ in range(6))
-    for rows, begin, end, br, b, column, seg in pieces:
+
+    def place(rows, begin, end, dest_row, column, seg, br):
         span = np.arange(begin, end)
         for row in rows:
             src_row.append(np.full(len(span), row))
             src_col.append(span)
-            dst_row.append(np.full(len(span), slot[b % per_micro] * num_micro + b // per_micro))
+            dst_row.append(np.full(len(span), dest_row))
             dst_col.append(column + span - begin)
             segment.append(np.full(len(span), seg))
             branch.append(np.full(len(span), br))
+        return column + len(span)
+
+    for b, held in enumerate(segments):
+        dest_row, column = slot[b % per_micro] * num_micro + b // per_micro, 0
+        for seg, (g, rows) in enumerate(held.items(), start=1):
+            shared = groups[g][1]
+            if not shared:  # one sequence
+                column = place(rows, 0, int(length[rows[0]]), dest_row, column, seg, 0)
+                continue
+            column = place(rows, 0, shared, dest_row, column, seg, 0)  # the prompt once for these rows
+            for br, r in enumerate(rows, start=1):
+                column = place([r], shared, int(length[r]), dest_row, column, seg, br)
     src_row, src_col, dst_row, dst_col, segment, branch = (np.concatenate(x) for x in (
         src_row, src_col, dst_row, dst_col, segment, branch))
     return Packing((src_row, src_col), (dst_row, dst_col), segment, branch, (n, t), (n // factor, capacity),
                    -(-len(used) // per_micro), prompts is not None)
 
 
-def _prompt_items(rows: list[int], shared: int, length: np.ndarray, capacity: int
-                  ) -> list[list[tuple[tuple[int, ...], int, int, int]]]:
-    """The items of one prompt's rows: its first `shared` tokens once, then each row from
-    column `shared` on as branch 1, 2, ...; split first-fit into items that fit `capacity`,
-    each repeating the shared tokens (a row alone always fits: `shared` + its tail <= T)."""
-    tails = sorted(rows, key=lambda r: -int(length[r]))
-    groups: list[list[int]] = []
-    room: list[int] = []
-    for r in tails:
-        need = int(length[r]) - shared
-        g = next((g for g, free in enumerate(room) if need <= free), len(groups))
-        if g == len(groups):
-            groups.append([])
-            room.append(capacity - shared)
-        groups[g].append(r)
-        room[g] -= need
-    return [[(tuple(group), 0, shared, 0)] + [((r,), shared, int(length[r]), k + 1) for k, r in enumerate(group)]
-            for group in groups]
+def _shared_tokens(rows: list[int], response_mask: np.ndarray) -> int:
+    """The tokens a group of rows holds once: its prompt but the prompt's last token."""
+    return int(np.argmax(np.asarray(response_mask)[rows[0]] > 0)) - 1
 
 
 def pack_rows(view: V, micro_rows: int, devices: int, factor: int, share_prompts: bool) -> tuple[V, Packing]:

@@ -201,25 +201,43 @@ def step_batch(rows=16, length=16, seed=0):
         advantages=(rng.randn(rows, length) * response_mask).astype(np.float32))
 
 
-def test_shared_prompts_hold_each_prompt_once_per_item():
-    """Tokens in the packed rows: every row's tokens from its prompt's last on, plus each
-    prompt's other tokens once (the prompts are short enough that none is split)."""
+def test_shared_prompts_hold_each_prompt_once_per_segment():
+    """Each packed segment is a prompt's first P - 1 tokens once, then samples of that prompt
+    from its last prompt token on; every sample is in exactly one segment."""
     batch = step_batch()
     view = take(ActorBatch, batch)
-    prompt = np.argmax(batch.response_mask > 0, axis=1)
-    expected = int((batch.attention_mask.sum(1) - prompt + 1).sum() + (prompt[::4] - 1).sum())
-    packed, _ = pack_rows(view, micro_rows=4, devices=2, factor=2, share_prompts=True)
-    assert int((packed.segment_ids > 0).sum()) == expected < int(batch.attention_mask.sum())
+    prompt = np.argmax(batch.response_mask > 0, axis=1)  # P per row
+    packed, packing = pack_rows(view, micro_rows=4, devices=2, factor=2, share_prompts=True)
+    source_row = np.full(packed.input_ids.shape, -1)
+    source_row[packing.dest] = packing.source[0]  # a shared token: one of its group's rows
+    samples, segments, prefix_tokens = 0, 0, 0
+    for row in range(packed.input_ids.shape[0]):
+        for seg in set(packed.segment_ids[row][packed.segment_ids[row] > 0]):
+            cols = np.flatnonzero(packed.segment_ids[row] == seg)
+            branches = packed.branch_ids[row, cols]
+            group = source_row[row, cols[0]] // 4
+            p = prompt[4 * group]
+            np.testing.assert_array_equal(cols[branches == 0] - cols[0], np.arange(p - 1))  # the prompt, once, first
+            np.testing.assert_array_equal(packed.input_ids[row, cols[:p - 1]], batch.input_ids[4 * group, :p - 1])
+            assert (source_row[row, cols[branches > 0]] // 4 == group).all()  # samples of that prompt only
+            samples += len(set(branches[branches > 0]))
+            segments += 1
+            prefix_tokens += p - 1
+    assert samples == 16 and segments < 16
+    tails = int((batch.attention_mask.sum(1) - prompt + 1).sum())
+    assert int((packed.segment_ids > 0).sum()) == tails + prefix_tokens < int(batch.attention_mask.sum())
+    np.testing.assert_array_equal(unpack(packed.input_ids, packing), batch.input_ids)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("old_given, share", [(False, False), (True, False), (False, True), (True, True)])
-def test_a_packed_update_equals_the_unpacked_one(old_given, share):
-    """16 rows, micro-batches of 2 rows per device on data=2: 4 micro-batches unpacked; packed
-    into 8 rows of 32 (with or without shared prompts), fewer. Same parameters after the
+@pytest.mark.parametrize("old_given, share, micro", [(False, False, 2), (True, False, 2), (False, True, 2),
+                                                    (True, True, 2), (False, True, 4)])
+def test_a_packed_update_equals_the_unpacked_one(old_given, share, micro):
+    """16 rows, micro-batches of `micro` rows per device on data=2: 4 (2) micro-batches
+    unpacked; packed into rows twice as long, fewer of them run. Same parameters after the
     step, same losses, same old log-probs."""
     cfg = load_config(RLConfig, None, ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4",
-                                       "actor.ppo_micro_batch_size_per_device=2", "trainer.total_steps=1",
+                                       f"actor.ppo_micro_batch_size_per_device={micro}", "trainer.total_steps=1",
                                        "actor.optim.lr=1e-2", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.5",
                                        "actor.entropy_coeff=0.1"])
     mesh = make_mesh(MeshConfig(data=2, fsdp=1, tensor=1), jax.devices()[:2])
@@ -232,13 +250,14 @@ def test_a_packed_update_equals_the_unpacked_one(old_given, share):
     assert packs_sequences(cfg.actor, cfg.algorithm.rollout_correction)
     results = {}
     for packed in (False, True):
-        learner = make_learner(init_model(CONFIG, seed=0), cfg.actor.optim, objective, totals, cfg, mesh, 4, 2, 1,
-                               False, ActorBatch, 0, "actor", pack=packed, share_prompts=share)
-        assert learner.pack_factor == (2 if packed else 0) and learner.share_prompts == (packed and share)
+        learner = make_learner(init_model(CONFIG, seed=0), cfg.actor.optim, objective, totals, cfg, mesh, 4, micro,
+                               1, False, ActorBatch, 0, "actor", pack=packed, share_prompts=share)
+        assert learner.pack_factor == (2 if packed else 0)
+        assert learner.share_prompts == (packed and share)
         metrics, per_row = learner.update(batch, mesh, np.random.default_rng(0))
         results[packed] = metrics, per_row, [np.asarray(x) for x in jax.tree.leaves(learner.state.params)]
     (m0, r0, p0), (m1, r1, p1) = results[False], results[True]
-    assert m0["actor/micro_batches"] == 4 and m1["actor/micro_batches"] < 4
+    assert m0["actor/micro_batches"] == 8 // micro and m1["actor/micro_batches"] < 8 // micro
     for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
         np.testing.assert_allclose(m1[key], m0[key], rtol=1e-5, atol=1e-6, err_msg=key)
     if old_given:
