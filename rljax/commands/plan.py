@@ -159,16 +159,18 @@ def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, 
         A = c * (4e + (2h + 2k) D / t + 3m / t)         layer input, 2 norms, residual,
                                                        q k v (roped), attention output,
                                                        gate, up, silu(gate)*up
-        S = (4 + c) * h T / t                           xla attention's [T, T] probs per
-                                                       head (f32 + compute copy); 0 for
-                                                       a flash kernel
     Unfused (`fused=False`, XLA:CPU, which keeps an elementwise op's inputs for its
     backward rather than fusing it into a neighbour's), also
-        A += c * ((h + k) D / t + m / t)              q k before RoPE, sigmoid(gate)
-        S += 4 h T / t                                 the scores before the softmax
-    (SmolLM2-135M, fp32, 64 rows x 112 tokens: XLA:CPU's compiled train step holds 66.5 KB
-    per token per layer; fused 41.8 KB, unfused 55.1 KB).
-      none:      L b T (A + S)
+        A += c * (h + k) D / t                        q k before RoPE
+    Every attention kernel recomputes its scores in the backward (the xla one too:
+    `rljax.models.attention.xla_attention`), so only the layer whose backward runs holds
+        S = (4 + c) * h T / t                           xla attention's [T, T] probs per
+                                                       head (f32 + compute copy); 0 for
+                                                       a flash kernel; unfused + 4 h T / t,
+                                                       the scores before the softmax
+    (SmolLM2-135M, fp32, 8 packed rows x 224 tokens: XLA:CPU's compiled train step holds
+    38.4 KB per token per layer; unfused A is 36.9 KB).
+      none:      L b T A                                + one layer's b T S
       save_dots: L b T c (3e + (h + 2k) D / t + 2m / t)  + one layer's b T (A + S)
       full:      L b T c e                              + one layer's b T (A + S)
     A mixture-of-experts layer replaces the MLP terms 3m / t and 2m / t by its dispatch
@@ -182,11 +184,11 @@ def activation_bytes(cfg, rows: int, seq: int, tensor: int, compute_bytes: int, 
     per_token = c * (4 * e + (2 * h + 2 * k) * d / tensor + mlp_none)
     scores = (4 + c) * h * seq / tensor if attention == "xla" else 0  # the other kernels are flash-style
     if not fused:
-        per_token += c * ((h + k) * d / tensor + (0 if cfg.is_moe else cfg.intermediate_size / tensor))
+        per_token += c * (h + k) * d / tensor
         scores += 4 * h * seq / tensor if attention == "xla" else 0
-    one_layer = rows * seq * (per_token + scores)
     if remat == "none":
-        return int(L * one_layer)
+        return int(L * rows * seq * per_token + rows * seq * scores)
+    one_layer = rows * seq * (per_token + scores)
     if remat == "save_dots":
         return int(L * rows * seq * c * (3 * e + (h + 2 * k) * d / tensor + mlp_dots) + one_layer)
     if remat == "full":
@@ -547,7 +549,7 @@ def render(plan: Plan) -> str:
         "",
         "formulas (b rows/device, T tokens, L layers, e hidden, h/k heads/kv heads, D head dim, m mlp, V vocab,",
         " t tensor ways, c compute bytes): per token per layer A = c(4e + (2h+2k)D/t + 3m/t),",
-        " S = (4+c)hT/t (xla attention probs); none = LbT(A+S); save_dots = LbTc(3e+(h+2k)D/t+2m/t) + bT(A+S);",
+        " S = (4+c)hT/t (xla attention probs, one layer's: every kernel recomputes them); none = LbTA + bTS; save_dots = LbTc(3e+(h+2k)D/t+2m/t) + bT(A+S);",
         " full = LbTce + bT(A+S); logits = 2 b c V/t 4 (c: a chunk, <= 256 positions, <= 1 GiB; 256 MiB on cpu); kv = 2 L ceil(seqs/(data*fsdp)) len ceil(k/t) D c.",
         " params/optimizer/gradients: exact shard shapes from the logical-axis rules.",
     ]

@@ -165,7 +165,16 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> 
     `mask` is a bool `[B, T, S]` mask or int `[B, T]` segment ids (then
     `segment_mask(ids)`). A fully masked query row (a padding token) gets a finite,
     meaningless output instead of NaN, so padded rows never poison a reduction.
+
+    The backward keeps q, k, v and the mask and recomputes the scores and probabilities
+    from them (`jax.checkpoint`), as the flash kernels do: the `[B, N, T, S]` float32
+    probabilities are never held from the forward to the backward.
     """
+    return _xla_attention(q, k, v, mask)
+
+
+@functools.partial(jax.checkpoint, prevent_cse=False)
+def _xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     mask = as_mask(mask)
     b, t, n, d = q.shape
     kv = k.shape[2]
