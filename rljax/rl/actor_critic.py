@@ -212,7 +212,9 @@ def actor_objective(actor: ActorConfig, temperature: float,
         as_metric = lambda term: sg(safe_divide(term * totals["rows"], rows))  # noqa: E731
         entropy_loss = safe_divide(agg_loss_terms(entropy, mask, mode, actor.loss_scale_factor).numerator,
                                    totals["agg"])
-        loss = pg - actor.entropy_coeff * entropy_loss
+        # with entropy_coeff 0 the entropy is a metric only: no gradient path, so the chunked
+        # log-probs' backward skips the entropy's (two more [B, chunk, V] buffers on XLA:CPU)
+        loss = pg - actor.entropy_coeff * entropy_loss if actor.entropy_coeff else pg
         metrics["actor/entropy"] = as_metric(entropy_loss)  # agg(entropy), as verl
         if actor.kl_loss:
             if actor.kl_loss_type == FULL_KL:

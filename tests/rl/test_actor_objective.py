@@ -94,6 +94,29 @@ def test_actor_update_is_the_same_whole_in_micro_batches_and_sharded(mode):
 
 
 @pytest.mark.slow
+def test_a_zero_entropy_coefficient_leaves_the_entropy_out_of_the_backward():
+    """With entropy_coeff 0 the entropy is a metric: the same value, and the compiled step
+    holds no gradient of it (on a 4k vocabulary, the chunked log-probs' backward then keeps
+    two [B, chunk, V] float32 buffers fewer: at least one full [B, T, V] block less here)."""
+    vocab, rows, length = 4096, 8, 12
+    config = dataclasses.replace(CONFIG, vocab_size=vocab)
+    graphdef, params = nnx.split(init_model(config, seed=0))
+    batch = ActorBatch(**{k: jnp.asarray(v) for k, v in actor_batch(rows=rows, length=length).items()})
+    state = init_train_state(params, optax.sgd(1.0))
+
+    def run(coeff):
+        objective, totals = actor_objective(ActorConfig(entropy_coeff=coeff), 1.0)
+        step = make_train_step(graphdef, objective, optax.sgd(1.0), optax.constant_schedule(1.0), 1, totals_fn=totals)
+        compiled = step.lower(state, batch, None, None).compile()
+        _, metrics = compiled(jax.tree.map(jnp.array, state), batch, None, None)
+        return compiled.memory_analysis().temp_size_in_bytes, float(metrics["actor/entropy"])
+
+    (temp_off, entropy_off), (temp_on, entropy_on) = run(0.0), run(1e-3)
+    assert entropy_off == pytest.approx(entropy_on, rel=1e-6) and entropy_off > 1.0
+    assert temp_on - temp_off >= rows * length * vocab * 4
+
+
+@pytest.mark.slow
 def test_clip_cov_selection_is_drawn_per_step_from_the_state_rng():
     """Clip-Cov detaches a random subset of tokens: with ratio 0.5 and a covariance window
     that admits every token, half of them. The subset must change from step to step (a
