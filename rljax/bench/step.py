@@ -249,9 +249,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"model={name} params={config.num_params() / 1e6:.1f}M backend={jax.default_backend()} "
           f"prompts={args.prompts} n={args.n} response_length={args.response_length} dtype={args.dtype} "
           f"remat={args.remat} (step 0 includes compilation)")
-    print_table(rows, ["mode", "iter", "rows", "attention", *TIMING_KEYS, "trainer_idle", "sampler_idle",
-                       "staleness", "tokens", "tok_s", "mfu", "response_len", "log_prob_diff_max", "sampler_programs",
-                       "peak_GiB"])
+    print_table(rows, ["mode", "iter", "rows", "attention", *TIMING_KEYS, "micro_batches", "trainer_idle",
+                       "sampler_idle", "staleness", "tokens", "tok_s", "mfu", "response_len", "log_prob_diff_max",
+                       "sampler_programs", "peak_GiB"])
     sync = next((m["step"] for m in summaries if m["mode"] == "sync"), None)
     for m in summaries:
         m["vs_sync"] = None if sync is None else sync / m["step"]
