@@ -81,6 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch-per-device", type=int, default=0,
                    help="actor.ppo_micro_batch_size_per_device (0: the whole mini-batch)")
     p.add_argument("--steps", type=int, default=2, help="RL steps; the first compiles")
+    p.add_argument("--seed", type=int, default=0,
+                   help="rollout.seed and trainer.seed (sampling, train state), and TRL's seed with --trl; "
+                        "the prompts stay the same")
     p.add_argument("--mode", nargs="+", choices=MODES, default=["sync"],
                    help="trainer.mode(s) to run, one after the other")
     p.add_argument("--gen-seconds", type=float, default=0.0,
@@ -128,12 +131,12 @@ def build_config(args, run_dir: str, mode: str = "sync"):
         rollout=RolloutConfig(n=args.n, temperature=1.0, response_length=args.response_length, max_num_seqs=rows,
                               max_num_batched_tokens=max(1024, 4 * args.max_prompt_length), page_size=16,
                               num_pages=1 + rows * pages_per_row + args.prompts,
-                              tensor_parallel_size=0 if mode == "sync" else 1,
+                              tensor_parallel_size=0 if mode == "sync" else 1, seed=args.seed,
                               data_parallel_size=0 if mode == "sync" else 1),
         reward=RewardConfig(mode="process", num_workers=1),
         trainer=RLTrainerConfig(algorithm="grpo", total_steps=args.steps, default_local_dir=run_dir,
                                 experiment_name="bench_step", logger=["jsonl"], async_save=False,
-                                resume_mode="disable", save_freq=0, mode=mode),
+                                resume_mode="disable", save_freq=0, mode=mode, seed=args.seed),
         async_=AsyncConfig(rollout_devices=4, max_staleness=args.max_staleness),  # one replica of one device
         # the mode's default off-policy correction, as a YAML config resolves it (rljax.rl.presets)
         algorithm=RLConfig.defaults_for({"trainer": {"mode": mode}}).algorithm,
@@ -280,7 +283,7 @@ def side_by_side(args, rows: list[dict]) -> dict:
                              "response_length": args.response_length,
                              # rljax's micro-batch over all its devices (0: the whole batch at once)
                              "micro_batch": args.micro_batch_per_device * jax.device_count(),
-                             "kl_coef": args.kl_coef, "remat": args.remat, "steps": args.steps, "seed": 0,
+                             "kl_coef": args.kl_coef, "remat": args.remat, "steps": args.steps, "seed": args.seed,
                              "use_cpu": jax.default_backend() == "cpu",
                              "out_dir": tempfile.mkdtemp(prefix="rljax-trl-")})
 
