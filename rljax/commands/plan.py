@@ -549,7 +549,8 @@ def render(plan: Plan) -> str:
         "",
         "formulas (b rows/device, T tokens, L layers, e hidden, h/k heads/kv heads, D head dim, m mlp, V vocab,",
         " t tensor ways, c compute bytes): per token per layer A = c(4e + (2h+2k)D/t + 3m/t),",
-        " S = (4+c)hT/t (xla attention probs, one layer's: every kernel recomputes them); none = LbTA + bTS; save_dots = LbTc(3e+(h+2k)D/t+2m/t) + bT(A+S);",
+        " S = (4+c)hT/t (xla attention probs, one layer's: every kernel recomputes them);",
+        " none = LbTA + bTS; save_dots = LbTc(3e+(h+2k)D/t+2m/t) + bT(A+S);",
         " full = LbTce + bT(A+S); logits = 2 b c V/t 4 (c: a chunk, <= 256 positions, <= 1 GiB; 256 MiB on cpu); kv = 2 L ceil(seqs/(data*fsdp)) len ceil(k/t) D c.",
         " params/optimizer/gradients: exact shard shapes from the logical-axis rules.",
     ]

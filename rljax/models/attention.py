@@ -159,6 +159,7 @@ def as_mask(segments: jax.Array) -> jax.Array:
 
 
 @register_attention("xla")
+@functools.partial(jax.checkpoint, prevent_cse=False)
 def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """softmax(q k^T / sqrt(D) + mask) v in plain jnp; scores and softmax in float32.
 
@@ -170,11 +171,6 @@ def xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> 
     from them (`jax.checkpoint`), as the flash kernels do: the `[B, N, T, S]` float32
     probabilities are never held from the forward to the backward.
     """
-    return _xla_attention(q, k, v, mask)
-
-
-@functools.partial(jax.checkpoint, prevent_cse=False)
-def _xla_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     mask = as_mask(mask)
     b, t, n, d = q.shape
     kv = k.shape[2]
