@@ -1,7 +1,10 @@
 """RL-shaped and agent-shaped generation workloads, run on the rljax engine with split
 steps (a prefill call stops every decode), with mixed steps (`SamplerConfig.mixed_steps`:
 decodes ride along with prefill chunks) and on `transformers` `generate`; used by
-`rljax bench sampler`.
+`rljax bench sampler`. Where the configured paged attention is not the reference (on a
+CPU, `auto` is `blocked`), a third engine runs split steps on the reference attention
+(`dense`: every decode step gathers each row's whole padded page table), so the table
+separates what the attention gives from what mixing gives.
 
 - RL-shaped: prompts of mixed lengths (uniform in [prompt_len / 2, 3 * prompt_len / 2]),
   n samples each at temperature 1, every response ending at a stop token or the cap (a
@@ -16,7 +19,7 @@ decodes ride along with prefill chunks) and on `transformers` `generate`; used b
   caching on, cleared before each run), transformers runs the episodes' turns in
   lockstep batches.
 
-The two rljax engines draw the same tokens (a seeded request's keys do not depend on the
+The rljax engines draw the same tokens (a seeded request's keys do not depend on the
 batch around it), so they do the same work. Reported per engine: sampled tokens/s and
 `decode_wait_s`, the wall time of calls that left decode-ready sequences waiting.
 Which shapes meet depends on timing, so a run may still meet a new one after warm-up:
@@ -35,7 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ENGINES = {"split": False, "mixed": True}  # name -> SamplerConfig.mixed_steps
+ENGINES = {"dense": (False, "reference"), "split": (False, None), "mixed": (True, None)}
+# name -> (SamplerConfig.mixed_steps, attention; None: the configured one)
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
                   "/jax/core/compile/backend_compile_duration")
 
@@ -154,11 +158,15 @@ def run_hf(hf, w: Workload, device: str) -> int:
 def compare(model, w: Workload, sampler_config: dict, hf=None, device: str | None = None,
             repeats: int = 3) -> dict:
     """One table row: tokens/s and decode wait of each engine, transformers' tokens/s,
-    and the ratios (mixed / split, mixed / transformers)."""
+    and the ratios (mixed / split, mixed / dense, mixed / transformers)."""
     from rljax.rollout import Sampler, SamplerConfig
+    from rljax.rollout.attention import resolve_paged_attention
 
-    samplers = {name: Sampler(model, SamplerConfig(**sampler_config, mixed_steps=mixed))
-                for name, mixed in ENGINES.items()}
+    configured = sampler_config.get("attention", "auto")
+    engines = {name: (mixed, attention or configured) for name, (mixed, attention) in ENGINES.items()
+               if name != "dense" or resolve_paged_attention(configured) != "reference"}
+    samplers = {name: Sampler(model, SamplerConfig(**{**sampler_config, "attention": attention}, mixed_steps=mixed))
+                for name, (mixed, attention) in engines.items()}
 
     def once(name: str) -> tuple[float, int, float, float]:
         """(seconds without compilation, tokens, decode wait, compile seconds) of a run."""
@@ -203,6 +211,9 @@ def compare(model, w: Workload, sampler_config: dict, hf=None, device: str | Non
         row[f"{name}_programs"] = sampler.stats()["num_compiled_programs"]
         sampler.close()
     row["mixed_vs_split"] = row["mixed_tok_s"] / row["split_tok_s"]
+    if "dense" in samplers:
+        row["mixed_vs_dense"] = row["mixed_tok_s"] / row["dense_tok_s"]
+        row["split_vs_dense"] = row["split_tok_s"] / row["dense_tok_s"]
     if "hf" in best:
         row["hf_tok_s"] = best["hf"][1] / best["hf"][0]
         row["hf_tokens"] = best["hf"][1]
@@ -210,5 +221,6 @@ def compare(model, w: Workload, sampler_config: dict, hf=None, device: str | Non
     return row
 
 
-COLUMNS = ["workload", "prompts", "n", "turns", "tool_tokens", "split_tok_s", "mixed_tok_s", "hf_tok_s", "mixed_vs_split",
-           "mixed_vs_hf", "split_wait_s", "mixed_wait_s", "split_s", "mixed_s"]
+COLUMNS = ["workload", "prompts", "n", "turns", "tool_tokens", "dense_tok_s", "split_tok_s", "mixed_tok_s", "hf_tok_s",
+           "mixed_vs_split", "mixed_vs_dense", "split_vs_dense", "mixed_vs_hf", "dense_wait_s", "split_wait_s",
+           "mixed_wait_s", "dense_s", "split_s", "mixed_s"]

@@ -71,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute-dtype", default="",
                    help="matmul dtype of the trainer and the sampler (empty: each side's weight dtype)")
     p.add_argument("--attention", default="xla,auto", help="comma-separated trainer attention kernels")
-    p.add_argument("--sampler-attention", default="auto", choices=["auto", "reference", "pallas", "pallas_tpu"])
+    p.add_argument("--sampler-attention", default="auto", choices=["auto", "reference", "blocked", "pallas", "pallas_tpu"])
     p.add_argument("--sampler-dtype", default="",
                    help="the sampler's weights in this dtype (the trainer's rounded to it), and its compute "
                         "unless --compute-dtype; empty: each --dtypes entry, as the trainer")

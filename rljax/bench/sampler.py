@@ -58,7 +58,7 @@ def add_arguments(p) -> None:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--dtype", default="float32", help="model dtype for both (float32 | bfloat16)")
     p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--attention", default="auto", choices=["auto", "reference", "pallas"])
+    p.add_argument("--attention", default="auto", choices=["auto", "reference", "blocked", "pallas"])
     p.add_argument("--rl-prompts", type=int, default=16, help="prompts of the RL-shaped workload (0: skip it)")
     p.add_argument("--rl-n", type=int, default=8, help="samples per prompt of the RL-shaped workload")
     p.add_argument("--rl-max-tokens", type=int, default=128, help="response cap of the RL-shaped workload")

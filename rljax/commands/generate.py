@@ -28,7 +28,7 @@ def add_arguments(p) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--dtype", default="float32", help="parameter and compute dtype")
     p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--attention", default="auto", choices=["auto", "reference", "pallas", "pallas_tpu"])
+    p.add_argument("--attention", default="auto", choices=["auto", "reference", "blocked", "pallas", "pallas_tpu"])
     p.add_argument("--show-tokens", action="store_true", help="also print token ids and log_probs")
 
 

@@ -27,6 +27,8 @@ and returns `[T, N, D]`.
 into a dense `[B, W*S, K, D]` view and runs the training forward's own attention
 (`rljax.models.attention.xla_attention`) under a position mask, so the sampler's logits
 match the trainer's. `ragged_attention_reference` is the same for the ragged form.
+`paged_attention_blocked` walks the page table in blocks of keys with an online softmax
+and stops after the longest live row (plain jnp; the CPU's decode steps).
 `paged_decode_attention_pallas` is a Pallas kernel (Triton-style, for GPUs) for decode
 steps (T == 1) that walks only the pages a sequence owns, with an online softmax; on other
 backends it runs in Pallas interpret mode (for tests). `ragged_attention_tpu` runs JAX's
@@ -138,6 +140,67 @@ def ragged_attention_reference(
     mask = (key_pos[None, :] <= position[:, None]) & (key_pos[None, :] < kv_len[:, None])  # [T, W*S]
     out = xla_attention(q[:, None], k.astype(q.dtype), v.astype(q.dtype), mask[:, None, :])[:, 0]  # [T, N, D]
     return jnp.where((token < cu_q_lens[num_seqs[0]])[:, None, None], out, 0).astype(q.dtype)
+
+
+# ---- blocked decode attention (plain jnp) ------------------------------------------------
+
+BLOCK_KEYS = 128  # keys per block of `paged_attention_blocked` (pages per block: this / page_size)
+
+
+def paged_attention_blocked(
+    q: jax.Array,
+    kv_cache: jax.Array,
+    layer: jax.Array,
+    page_table: jax.Array,
+    q_positions: jax.Array,
+    kv_lens: jax.Array,
+) -> jax.Array:
+    """Paged attention that walks the page table in blocks of `BLOCK_KEYS` keys with an
+    online softmax, for as many blocks as the longest row's `kv_lens` needs (a run-time
+    trip count), in plain jnp.
+
+    Per block j of keys K_j, V_j (scores in float32, masked as the reference masks them):
+
+        s_j = q K_j^T / sqrt(D),   m_j = max(m_{j-1}, max s_j),
+        l_j = e^(m_{j-1} - m_j) l_{j-1} + sum e^(s_j - m_j),
+        o_j = e^(m_{j-1} - m_j) o_{j-1} + e^(s_j - m_j) V_j,     out = o / l
+
+    (the online softmax of Milakov & Gimelshein 2018, as FlashAttention computes it). The
+    reference gathers every row's whole padded table (`[B, W*S, 2K, D]` per layer) and
+    scores it; this reads `[B, BLOCK_KEYS]` keys at a time and stops after the longest
+    live row, so a decode step's work follows the batch's real context, not the width
+    bucket. On XLA:CPU that is 4-7x less time for a decode step's attention
+    (`docs/benchmarks.md`). A row with no keys (batch padding) gets zeros."""
+    b, t, n, d = q.shape
+    page_size, two_k = kv_cache.shape[2], kv_cache.shape[3]
+    kv_heads = two_k // 2
+    per_block = min(max(1, BLOCK_KEYS // page_size), page_table.shape[1])
+    flat, ids = _layer_pages(kv_cache, layer, page_table)
+    ids = _pad_to_blocks(ids, layer, kv_cache.shape[1], per_block)
+    block_keys = per_block * page_size
+    qg = q.reshape(b, t, kv_heads, n // kv_heads, d)
+    num_blocks = jnp.minimum(-(-jnp.max(kv_lens) // block_keys), ids.shape[1] // per_block)
+
+    def body(j, carry):
+        m_prev, l_prev, o_prev = carry
+        pages = flat[jax.lax.dynamic_slice_in_dim(ids, j * per_block, per_block, axis=1)]  # [B, blk, S, 2K, D]
+        k, v = split_kv(pages.reshape(b, block_keys, two_k, d))
+        s = jnp.einsum("btkgd,bskd->bkgts", qg, k.astype(q.dtype), preferred_element_type=jnp.float32) * (d**-0.5)
+        key_pos = j * block_keys + jnp.arange(block_keys, dtype=jnp.int32)
+        seen = (key_pos[None, None, :] <= q_positions[:, :, None]) & (key_pos[None, None, :] < kv_lens[:, None, None])
+        s = jnp.where(seen[:, None, None], s, -jnp.inf)
+        m = jnp.maximum(m_prev, s.max(-1))
+        m_finite = jnp.where(jnp.isfinite(m), m, 0.0)
+        p = jnp.exp(s - m_finite[..., None])
+        correction = jnp.where(jnp.isfinite(m_prev), jnp.exp(m_prev - m_finite), 0.0)
+        pv = jnp.einsum("bkgts,bskd->bkgtd", p.astype(q.dtype), v.astype(q.dtype), preferred_element_type=jnp.float32)
+        return m, correction * l_prev + p.sum(-1), correction[..., None] * o_prev + pv
+
+    stats = (b, kv_heads, n // kv_heads, t)
+    init = (jnp.full(stats, -jnp.inf, jnp.float32), jnp.zeros(stats, jnp.float32), jnp.zeros((*stats, d), jnp.float32))
+    _, l_sum, o = jax.lax.fori_loop(0, num_blocks, body, init)
+    out = o / jnp.where(l_sum == 0.0, 1.0, l_sum)[..., None]  # [B, K, G, T, D]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, d).astype(q.dtype)
 
 
 # ---- Pallas decode kernel --------------------------------------------------------------
@@ -397,6 +460,11 @@ def _reference(head_dim: int, page_size: int, mesh) -> PagedAttention:
     return PagedAttention("reference", paged_attention_reference, paged_attention_reference)
 
 
+@register_paged_attention("blocked")
+def _blocked(head_dim: int, page_size: int, mesh) -> PagedAttention:
+    return PagedAttention("blocked", paged_attention_blocked, paged_attention_reference)
+
+
 @register_paged_attention("pallas")
 def _pallas_gpu(head_dim: int, page_size: int, mesh) -> PagedAttention:
     check_pallas_shapes(head_dim, page_size)
@@ -413,10 +481,12 @@ def _pallas_tpu(head_dim: int, page_size: int, mesh) -> PagedAttention:
 
 def choose_paged_attention(backend: str) -> str:
     """What `auto` runs: the TPU ragged kernel on a TPU (any head_dim: the pool pads it to
-    the lanes, `cache_head_dim`), else the reference. The GPU kernel ("pallas") is not
-    chosen: it matches the reference in interpret mode and lowers to Triton, but has not
-    been run on a GPU here (tests/rollout/test_attention.py runs it when one is present)."""
-    return "pallas_tpu" if backend == "tpu" else "reference"
+    the lanes, `cache_head_dim`), the blocked decode on a CPU (4-7x less time than the
+    reference's for a decode step's attention there), else the reference. The GPU kernel
+    ("pallas") is not chosen: it matches the reference in interpret mode and lowers to
+    Triton, but has not been run on a GPU here (tests/rollout/test_attention.py runs it
+    when one is present); nor is "blocked" on a GPU, where it has not been timed."""
+    return {"tpu": "pallas_tpu", "cpu": "blocked"}.get(backend, "reference")
 
 
 def resolve_paged_attention(name: str, backend: str | None = None) -> str:

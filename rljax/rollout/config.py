@@ -41,7 +41,7 @@ class KVCacheConfig:
         check_config(self)
 
 
-Attention = Literal["auto", "reference", "pallas", "pallas_tpu"]  # rljax.rollout.attention.PAGED_ATTENTION
+Attention = Literal["auto", "reference", "blocked", "pallas", "pallas_tpu"]  # rljax.rollout.attention.PAGED_ATTENTION
 
 
 @dataclass(frozen=True)
@@ -50,11 +50,12 @@ class SamplerConfig:
     `ConfigError` naming the field.
 
     attention: paged attention. "reference" (plain jnp gather + mask, the oracle),
-        "pallas" (a Pallas decode kernel for GPU, interpreted elsewhere; prefill runs the
+        "blocked" (decode steps walk the page table in blocks of keys with an online
+        softmax, up to the longest live row; prefill runs the reference), "pallas" (a Pallas decode kernel for GPU, interpreted elsewhere; prefill runs the
         reference), "pallas_tpu" (JAX's TPU ragged paged-attention kernel on the pool in
         place, for decode, prefill and mixed steps, the pool's head_dim padded to the 128
         lanes; elsewhere a jnp reference of the kernel on the same arguments), or "auto":
-        pallas_tpu on a TPU, else the reference
+        pallas_tpu on a TPU, blocked on a CPU, else the reference
         (`rljax.rollout.attention.choose_paged_attention`).
     enable_prefix_caching: keep the full pages of finished (and preempted) sequences and
         reuse them for any later sequence that starts with the same tokens: an agent's
@@ -82,7 +83,7 @@ class SamplerConfig:
     max_num_batched_tokens: PositiveInt = 512  # token budget of a prefill or mixed step (padded rows x chunk, + decode rows)
     max_model_len: PositiveInt = 2048  # the longest sequence (prompt + generated), in tokens; sets the page-table width
     kv_cache: KVCacheConfig = field(default_factory=KVCacheConfig)  # the paged KV pool
-    attention: Attention = "auto"  # decode attention: auto | reference | pallas | pallas_tpu (see above)
+    attention: Attention = "auto"  # paged attention: auto | reference | blocked | pallas | pallas_tpu (see above)
     share_prefix: bool = True  # the n samples of a request share the prompt's full KV pages
     enable_prefix_caching: bool = True  # reuse cached pages across requests (see above)
     num_scheduler_steps: PositiveInt = 4  # decode steps per engine call (an on-device loop; see above)

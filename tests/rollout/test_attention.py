@@ -1,5 +1,5 @@
-"""Paged attention: the reference equals dense attention over the same keys, the Pallas
-decode kernel (interpret mode on CPU) equals the reference, and the TPU ragged kernel's
+"""Paged attention: the reference equals dense attention over the same keys, the blocked
+attention and the Pallas decode kernel (interpret mode on CPU) equal the reference, and the TPU ragged kernel's
 arguments, built from rows and from mixed steps, give the reference's outputs under JAX's
 own reference of that kernel."""
 
@@ -14,6 +14,7 @@ from rljax.models.attention import segment_mask, xla_attention
 from rljax.rollout import SamplingParams
 from rljax.rollout.attention import (
     interleave_kv,
+    paged_attention_blocked,
     paged_attention_reference,
     paged_attention_tpu,
     paged_decode_attention_pallas,
@@ -64,6 +65,48 @@ def test_reference_equals_dense_attention_for_a_prefill_chunk():
         got = paged(q, pool, jnp.int32(layer), table, positions, kv_lens)
         want = dense(q, jnp.asarray(k_dense[layer]), jnp.asarray(v_dense[layer]), mask)
         np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("block_keys", [8, 128])
+@pytest.mark.parametrize("t", [1, 5])
+def test_blocked_attention_equals_reference(monkeypatch, block_keys, t):
+    """Blocks of 2 pages (5 blocks over the 10 live pages of the longest row, the last one
+    partly empty) and of the whole table; a row whose length fills its last page, a row
+    shorter than a block and a padding row of length 0 (zeros, not NaN)."""
+    import rljax.rollout.attention as attention
+
+    monkeypatch.setattr(attention, "BLOCK_KEYS", block_keys)
+    width, lengths = 12, [37, 8, 20, 6, 0]
+    pool, table, _, _ = scattered(4, lengths, width)
+    q = jnp.asarray(np.random.default_rng(5).normal(size=(len(lengths), t, N, D)).astype(np.float32))
+    kv_lens = jnp.asarray(lengths, jnp.int32)
+    positions = jnp.maximum(kv_lens[:, None] - t + jnp.arange(t)[None], 0)
+    for layer in range(L):
+        args = (q, pool, jnp.int32(layer), table, positions, kv_lens)
+        want = jax.jit(paged_attention_reference)(*args)
+        got = jax.jit(paged_attention_blocked)(*args)
+        np.testing.assert_allclose(got[:4], want[:4], atol=1e-5)
+        np.testing.assert_array_equal(got[4], 0.0)
+
+
+def test_blocked_attention_stops_after_the_longest_live_row(monkeypatch):
+    """Pages listed past the block that holds the longest row's last key are never read:
+    filled with NaN they leave the output unchanged (the reference, which gathers the
+    whole table, turns NaN)."""
+    import rljax.rollout.attention as attention
+
+    monkeypatch.setattr(attention, "BLOCK_KEYS", 2 * S)  # 2 pages per block
+    width, lengths = 12, [15, 9, 3]  # the longest row: 4 pages, 2 blocks; columns 4.. unread
+    pool, table, _, _ = scattered(6, lengths, width)
+    q = jnp.asarray(np.random.default_rng(7).normal(size=(len(lengths), 1, N, D)).astype(np.float32))
+    kv_lens = jnp.asarray(lengths, jnp.int32)
+    args = (q, pool, jnp.int32(0), table, kv_lens[:, None] - 1, kv_lens)
+    clean = paged_attention_blocked(*args)
+    poisoned_pages = np.setdiff1d(np.arange(1, P), np.asarray(table))[:width - 4]
+    nan_pool = pool.at[:, poisoned_pages].set(jnp.nan)
+    nan_table = table.at[:, 4:].set(jnp.asarray(poisoned_pages[: width - 4], jnp.int32)[None])
+    np.testing.assert_array_equal(paged_attention_blocked(q, nan_pool, jnp.int32(0), nan_table, *args[4:]), clean)
+    assert np.isnan(np.asarray(paged_attention_reference(q, nan_pool, jnp.int32(0), nan_table, *args[4:]))).all()
 
 
 def test_pallas_decode_kernel_equals_reference():
@@ -185,25 +228,29 @@ def test_ragged_tpu_attention_on_a_mesh():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mixed_steps", [False, True])
-def test_engine_with_the_tpu_kernel_arguments_matches_reference_engine(llama, mixed_steps):
+@pytest.mark.parametrize("kernel", ["pallas_tpu", "blocked"])
+def test_engine_with_the_tpu_kernel_arguments_matches_reference_engine(llama, monkeypatch, kernel, mixed_steps):
     """The engine with `attention=pallas_tpu` (off TPU: the ragged reference on the
     kernel's arguments, for decode, prefill and, with mixed steps, the mixed call's
-    ragged rows) samples the reference engine's greedy tokens and log-probs."""
+    ragged rows), and with `blocked` (decode rows in blocks of 2 pages here: up to 6
+    blocks), samples the reference engine's greedy tokens and log-probs."""
+    import rljax.rollout.attention as attention
     from rljax.rollout import Sampler
 
     from .conftest import random_prompts, sampler_config
 
+    monkeypatch.setattr(attention, "BLOCK_KEYS", 8)
     prompts = random_prompts([5, 12, 9, 17], seed=13)
     params = SamplingParams(temperature=0.0, max_tokens=7)
     outs = {}
-    for name in ("pallas_tpu", "reference"):
+    for name in (kernel, "reference"):
         config = sampler_config(num_pages=64, attention=name, num_scheduler_steps=2, mixed_steps=mixed_steps,
                                 max_num_seqs=2)
         with Sampler(llama, config) as sampler:
             outs[name] = sampler.generate(prompts, params)
             if mixed_steps:
                 assert sampler.engine.scheduler.stats.num_mixed_steps > 0
-    got, want = outs["pallas_tpu"], outs["reference"]
+    got, want = outs[kernel], outs["reference"]
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     assert all(len(c.token_ids) == 7 for c in got)
     np.testing.assert_allclose([c.log_probs for c in got], [c.log_probs for c in want], atol=1e-5)
@@ -214,10 +261,11 @@ def test_auto_attention_is_the_tpu_kernel_on_tpu_with_the_pool_padded_to_the_lan
     from rljax.rollout.attention import cache_head_dim, choose_paged_attention, paged_attention
 
     assert choose_paged_attention("tpu") == "pallas_tpu"  # any head_dim: the pool is padded (below)
-    assert choose_paged_attention("gpu") == choose_paged_attention("cpu") == "reference"
+    assert choose_paged_attention("cpu") == "blocked" and choose_paged_attention("gpu") == "reference"
     assert [cache_head_dim("pallas_tpu", d) for d in (64, 96, 128, 200)] == [128, 128, 128, 256]
-    assert [cache_head_dim(name, 64) for name in ("reference", "pallas")] == [64, 64]
-    assert paged_attention("auto", 128, 16).name == "reference"  # on this CPU host
+    assert [cache_head_dim(name, 64) for name in ("reference", "blocked", "pallas")] == [64, 64, 64]
+    auto = paged_attention("auto", 128, 16)  # on this CPU host
+    assert (auto.name, auto.decode, auto.prefill) == ("blocked", paged_attention_blocked, paged_attention_reference)
     with compiling_for("tpu"):  # what `rljax compile` traces under for a TPU topology
         tpu = paged_attention("auto", 64, 16)
         assert tpu.name == "pallas_tpu" and tpu.decode.func is paged_attention_tpu

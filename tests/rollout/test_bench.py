@@ -27,11 +27,12 @@ def test_bench_sampler_tiny(tmp_path, capsys):
     rl, agent = result["workloads"]
     # rl: 2 prompts x 2 samples; agent: 2 episodes x 2 turns; each response ends at a stop id or 6 tokens
     for row, responses in ((rl, 4), (agent, 4)):
-        for system in ("split", "mixed", "hf"):
+        for system in ("dense", "split", "mixed", "hf"):  # dense: split steps on the reference attention
             assert responses <= row[f"{system}_tokens"] <= responses * 6 and row[f"{system}_tok_s"] > 0
-        assert row["split_tokens"] == row["mixed_tokens"]  # the same seeded requests: the same work
+        # the same seeded requests: the same work
+        assert row["dense_tokens"] == row["split_tokens"] == row["mixed_tokens"]
         assert row["mixed_wait_s"] == 0  # no call left a decode waiting
-        assert row["mixed_vs_split"] > 0 and row["mixed_vs_hf"] > 0
+        assert row["mixed_vs_split"] > 0 and row["mixed_vs_dense"] > 0 and row["mixed_vs_hf"] > 0
     assert (rl["workload"], agent["workload"], agent["turns"]) == ("rl", "agent", 2)
     assert "mixed_tok_s" in capsys.readouterr().out
 
