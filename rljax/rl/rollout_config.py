@@ -60,8 +60,10 @@ class RolloutConfig:
     # running decodes ride along with prefill chunks (new prompts, agent turns) in one call instead of
     # waiting for them; each call then runs num_scheduler_steps decode steps for every row
     mixed_steps: bool = False
-    # the sampler's paged attention: auto (the TPU ragged kernel on a TPU, else reference) | reference (jnp gather + mask) | pallas (GPU decode kernel) | pallas_tpu (TPU ragged kernel:
-    # decode, prefill and mixed steps)
+    # the sampler's paged attention: auto (the TPU ragged kernel on a TPU, blocked on a CPU, else
+    # reference) | reference (jnp gather + mask) | blocked (jnp decode over blocks of pages, up to the
+    # longest live row) | pallas (GPU decode kernel) | pallas_tpu (TPU ragged kernel: decode, prefill and
+    # mixed steps)
     attention: Attention = "auto"
     # devices per rollout replica (heads / MLP split over them; verl: tensor_model_parallel_size);
     # 0: one sampler on the training mesh and its layout (no hand-off, zero copy)
