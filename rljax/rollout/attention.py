@@ -170,20 +170,25 @@ def paged_attention_blocked(
     scores it; this reads `[B, BLOCK_KEYS]` keys at a time and stops after the longest
     live row, so a decode step's work follows the batch's real context, not the width
     bucket. On XLA:CPU that is 4-7x less time for a decode step's attention
-    (`docs/benchmarks.md`). A row with no keys (batch padding) gets zeros."""
+    (`docs/benchmarks.md`). A row with no keys (batch padding) gets zeros.
+
+    Blocks are read as `kv_cache[layer, pages]`, not through the flat `[L*P, ...]` view
+    the other functions use: at one row XLA:CPU turns the step's key / value scatter into
+    a dynamic-update-slice, and a loop over a reshaped view of the updated pool then copies
+    the whole pool in every layer."""
     b, t, n, d = q.shape
     page_size, two_k = kv_cache.shape[2], kv_cache.shape[3]
     kv_heads = two_k // 2
     per_block = min(max(1, BLOCK_KEYS // page_size), page_table.shape[1])
-    flat, ids = _layer_pages(kv_cache, layer, page_table)
-    ids = _pad_to_blocks(ids, layer, kv_cache.shape[1], per_block)
+    width = -(-page_table.shape[1] // per_block) * per_block
+    ids = jnp.pad(page_table.astype(jnp.int32), ((0, 0), (0, width - page_table.shape[1])))  # page 0: the null page
     block_keys = per_block * page_size
     qg = q.reshape(b, t, kv_heads, n // kv_heads, d)
-    num_blocks = jnp.minimum(-(-jnp.max(kv_lens) // block_keys), ids.shape[1] // per_block)
+    num_blocks = jnp.minimum(-(-jnp.max(kv_lens) // block_keys), width // per_block)
 
     def body(j, carry):
         m_prev, l_prev, o_prev = carry
-        pages = flat[jax.lax.dynamic_slice_in_dim(ids, j * per_block, per_block, axis=1)]  # [B, blk, S, 2K, D]
+        pages = kv_cache[layer, jax.lax.dynamic_slice_in_dim(ids, j * per_block, per_block, axis=1)]  # [B, blk, S, 2K, D]
         k, v = split_kv(pages.reshape(b, block_keys, two_k, d))
         s = jnp.einsum("btkgd,bskd->bkgts", qg, k.astype(q.dtype), preferred_element_type=jnp.float32) * (d**-0.5)
         key_pos = j * block_keys + jnp.arange(block_keys, dtype=jnp.int32)

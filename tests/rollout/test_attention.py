@@ -293,3 +293,42 @@ def test_a_pool_padded_past_head_dim_gives_the_same_attention():
                       lambda *a, sm_scale, num_kv_pages_per_block, num_queries_per_block:
                       ref_ragged_paged_attention(*a, sm_scale=sm_scale))
         np.testing.assert_allclose(paged_attention_tpu(q, padded, *args, on_tpu=True), want, atol=2e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_blocked_decode_program_updates_the_pool_in_place(llama, monkeypatch, rows):
+    """The compiled decode program with `blocked` attention (on this CPU, what `auto`
+    runs, here in blocks of 2 pages) holds no copy of a pool-sized array. A one-row batch
+    is the case to watch: there XLA turns the step's key / value scatter into a
+    dynamic-update-slice, and a loop over the pages that reads a reshaped view of the
+    pool copies the whole pool in every layer of every step."""
+    import re
+
+    import rljax.rollout.attention as attention
+    from rljax.rollout import Sampler
+    from rljax.rollout.scheduler import StepKind
+    from rljax.rollout.step_inputs import pack_step
+
+    from .conftest import random_prompts, sampler_config
+
+    monkeypatch.setattr(attention, "BLOCK_KEYS", 8)  # 2 pages per block
+    config = sampler_config(num_pages=64, attention="blocked", batch_buckets=(rows,), max_num_seqs=rows)
+    with Sampler(llama, config) as sampler:
+        device = sampler.engine.device
+        plan = {}
+        run = device.run
+
+        def spy(step_plan):
+            if step_plan.kind == StepKind.DECODE:
+                plan.setdefault("decode", step_plan)
+            return run(step_plan)
+
+        device.run = spy
+        sampler.generate(random_prompts([9] * rows, seed=3), SamplingParams(temperature=0.0, max_tokens=6))
+        inputs = pack_step(plan["decode"], device.buckets)
+        text = device.programs[StepKind.DECODE].lower(device.state, device.pool.kv, inputs).compile().as_text()
+    layers, pages, page, two_k, d = device.pool.kv.shape
+    pool_sized = re.compile(rf"= f32\[({layers},{pages},{page},{two_k},{d}|{layers * pages},{page},{two_k},{d})\]\S* "
+                            r"(\S+)\(")
+    ops = {m.group(2) for m in pool_sized.finditer(text)}
+    assert ops and not ops & {"copy", "transpose", "gather"}, ops
