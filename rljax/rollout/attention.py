@@ -169,8 +169,9 @@ def paged_attention_blocked(
     reference gathers every row's whole padded table (`[B, W*S, 2K, D]` per layer) and
     scores it; this reads `[B, BLOCK_KEYS]` keys at a time and stops after the longest
     live row, so a decode step's work follows the batch's real context, not the width
-    bucket. On XLA:CPU that is 4-7x less time for a decode step's attention
-    (`docs/benchmarks.md`). A row with no keys (batch padding) gets zeros.
+    bucket. On this project's CPU the agent-shaped workloads of `rljax bench sampler`
+    run 1.6-1.9x faster than on the reference (`docs/benchmarks.md`). A row with no keys
+    (batch padding) gets zeros.
 
     Blocks are read as `kv_cache[layer, pages]`, not through the flat `[L*P, ...]` view
     the other functions use: at one row XLA:CPU turns the step's key / value scatter into
@@ -486,8 +487,8 @@ def _pallas_tpu(head_dim: int, page_size: int, mesh) -> PagedAttention:
 
 def choose_paged_attention(backend: str) -> str:
     """What `auto` runs: the TPU ragged kernel on a TPU (any head_dim: the pool pads it to
-    the lanes, `cache_head_dim`), the blocked decode on a CPU (4-7x less time than the
-    reference's for a decode step's attention there), else the reference. The GPU kernel
+    the lanes, `cache_head_dim`), the blocked decode on a CPU (1.6-1.9x the reference's
+    throughput on agent-shaped workloads there, `docs/benchmarks.md`), else the reference. The GPU kernel
     ("pallas") is not chosen: it matches the reference in interpret mode and lowers to
     Triton, but has not been run on a GPU here (tests/rollout/test_attention.py runs it
     when one is present); nor is "blocked" on a GPU, where it has not been timed."""
