@@ -15,8 +15,9 @@ Then the workloads where a serving engine earns its keep
 `--rl-n` samples, responses ending at a stop token or `--rl-max-tokens`, `--rl-concurrency`
 sequences in flight) and agent-shaped (`--agent-episodes` episodes of `--agent-turns`
 turns with tool outputs between them), each on the rljax engine with split steps and with
-mixed steps, and on `transformers` `generate`: sampled tokens/s and the time decodes spent
-waiting on prefills.
+mixed steps, with split steps on the `reference` paged attention (`dense`, where
+`--attention` is another), and on `transformers` `generate`: sampled tokens/s and the time
+decodes spent waiting on prefills.
 
 With `--model` the prompts are still random token ids (throughput does not depend on
 them: every sequence generates exactly `--new-tokens`), and the RL workload's stop set
