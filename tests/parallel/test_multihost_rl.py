@@ -156,7 +156,13 @@ def assert_metrics_agree(m1: list[dict], m2: list[dict], compared) -> None:
 
 
 def assert_checkpoints_agree(cfg1, run2: str, step: int) -> None:
-    """The checkpoint both processes wrote at `step` equals the one-process run's."""
+    """The checkpoint both processes wrote at `step` equals the one-process run's, within
+    1e-4: a hundredth of one AdamW step at these tests' learning rate of 1e-2 (a lost,
+    repeated or misordered step moves parameters by about the learning rate). The two
+    layouts reduce gradients in different orders, and AdamW's update m / sqrt(v) does not
+    shrink with the gradient, so a parameter whose gradients are near zero takes that
+    rounding noise into its update: 1.4e-5 on one element after 4 PPO steps, on an AMD
+    EPYC CPU. The metrics of every step (`assert_metrics_agree`) stay within 1e-5."""
     with jax.set_mesh(jax.make_mesh((1, 8, 1), ("data", "fsdp", "tensor"),
                                     axis_types=(jax.sharding.AxisType.Auto,) * 3)):
         trainer = RLTrainer(cfg1)  # resumes run 1's last checkpoint: the target layout
@@ -173,7 +179,7 @@ def assert_checkpoints_agree(cfg1, run2: str, step: int) -> None:
         jax.tree.leaves(state["critic"].params) if "critic" in state else [])
     assert len(restored) == len(ref)
     for a, b in zip(restored, ref):
-        np.testing.assert_allclose(np.asarray(a), b, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(a), b, atol=1e-4)
 
 
 def configs(tmp_path, config: str, overrides: list[str]):
