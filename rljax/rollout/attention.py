@@ -488,10 +488,11 @@ def _pallas_tpu(head_dim: int, page_size: int, mesh) -> PagedAttention:
 def choose_paged_attention(backend: str) -> str:
     """What `auto` runs: the TPU ragged kernel on a TPU (any head_dim: the pool pads it to
     the lanes, `cache_head_dim`), the blocked decode on a CPU (1.6-1.9x the reference's
-    throughput on agent-shaped workloads there, `docs/benchmarks.md`), else the reference. The GPU kernel
-    ("pallas") is not chosen: it matches the reference in interpret mode and lowers to
-    Triton, but has not been run on a GPU here (tests/rollout/test_attention.py runs it
-    when one is present); nor is "blocked" on a GPU, where it has not been timed."""
+    throughput on agent-shaped workloads there, `docs/benchmarks.md`), else the
+    reference. The GPU kernel ("pallas") is not chosen: it matches the reference in
+    interpret mode and lowers to Triton, but has not been run on a GPU here
+    (tests/rollout/test_attention.py runs it when one is present); nor is "blocked" on a
+    GPU, where it has not been timed."""
     return {"tpu": "pallas_tpu", "cpu": "blocked"}.get(backend, "reference")
 
 
