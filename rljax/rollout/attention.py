@@ -98,6 +98,12 @@ def gather_kv(cache: jax.Array, layer: jax.Array, page_table: jax.Array) -> tupl
     return split_kv(pages.reshape(b, w * s, *pages.shape[3:]))
 
 
+def _seen(key_pos: jax.Array, q_positions: jax.Array, kv_lens: jax.Array) -> jax.Array:
+    """`[B, T, S]`: query t of row b sees key position `key_pos[s]` iff it is at or before
+    the query's position and inside the row's cached length."""
+    return (key_pos[None, None, :] <= q_positions[:, :, None]) & (key_pos[None, None, :] < kv_lens[:, None, None])
+
+
 def paged_attention_reference(
     q: jax.Array,
     kv_cache: jax.Array,
@@ -108,8 +114,7 @@ def paged_attention_reference(
 ) -> jax.Array:
     """Gather the pages, mask by position and length, and attend (plain jnp)."""
     k, v = gather_kv(kv_cache, layer, page_table)
-    key_pos = jnp.arange(k.shape[1], dtype=jnp.int32)
-    mask = (key_pos[None, None, :] <= q_positions[:, :, None]) & (key_pos[None, None, :] < kv_lens[:, None, None])
+    mask = _seen(jnp.arange(k.shape[1], dtype=jnp.int32), q_positions, kv_lens)
     return xla_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask)
 
 
@@ -192,8 +197,7 @@ def paged_attention_blocked(
         pages = kv_cache[layer, jax.lax.dynamic_slice_in_dim(ids, j * per_block, per_block, axis=1)]  # [B, blk, S, 2K, D]
         k, v = split_kv(pages.reshape(b, block_keys, two_k, d))
         s = jnp.einsum("btkgd,bskd->bkgts", qg, k.astype(q.dtype), preferred_element_type=jnp.float32) * (d**-0.5)
-        key_pos = j * block_keys + jnp.arange(block_keys, dtype=jnp.int32)
-        seen = (key_pos[None, None, :] <= q_positions[:, :, None]) & (key_pos[None, None, :] < kv_lens[:, None, None])
+        seen = _seen(j * block_keys + jnp.arange(block_keys, dtype=jnp.int32), q_positions, kv_lens)
         s = jnp.where(seen[:, None, None], s, -jnp.inf)
         m = jnp.maximum(m_prev, s.max(-1))
         m_finite = jnp.where(jnp.isfinite(m), m, 0.0)
