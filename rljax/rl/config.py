@@ -236,7 +236,8 @@ class RLConfig:
             kv_cache=KVCacheConfig(page_size=r.page_size, num_pages=r.num_pages or None,
                                    memory_fraction=r.kv_cache_memory_fraction),
             enable_prefix_caching=r.enable_prefix_caching, num_scheduler_steps=r.num_scheduler_steps,
-            mixed_steps=r.mixed_steps, attention=r.attention, seed=r.seed, record_routing=self.actor.router_replay)
+            mixed_steps=r.mixed_steps, attention=r.attention, share_programs=r.share_programs, seed=r.seed,
+            record_routing=self.actor.router_replay)
 
     def verifier_sampler_config(self) -> SamplerConfig:
         """The engine settings of the generative verifier's sampler (`reward.verifier`):
@@ -248,7 +249,7 @@ class RLConfig:
             max_model_len=v.max_model_len or self.row_length + 512,
             kv_cache=KVCacheConfig(page_size=r.page_size, num_pages=v.num_pages or None,
                                    memory_fraction=v.kv_cache_memory_fraction),
-            seed=r.seed)
+            share_programs=r.share_programs, seed=r.seed)
 
     def sampling_params(self, step: int = 0, validation: bool = False) -> SamplingParams:
         """The rollout's sampling params at `step`: seed `rollout.seed`, up to

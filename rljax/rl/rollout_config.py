@@ -71,6 +71,9 @@ class RolloutConfig:
     # rollout replicas, each with its own weights, KV pool and scheduler; 0: devices / tensor_parallel_size
     data_parallel_size: Devices = 0
     allow_cross_host_replicas: bool = False  # let one replica span processes (its scheduler then runs in lock-step)
+    # same-shaped replicas in a process compile each program once and load it onto their own devices
+    # (CPU, GPU; on a TPU an executable is compiled for its chips, so each replica compiles its own)
+    share_programs: bool = True
     # dtype the replicas hold the weights in, cast inside the hand-off (bfloat16: half the bytes moved and
     # held); null: the model's compute_dtype. Not used at tensor_parallel_size 0 (the trainer's arrays as they are)
     weight_dtype: str | None = None

@@ -74,6 +74,10 @@ class SamplerConfig:
         the token budget first, prefill chunks fill the rest), instead of waiting for
         the prefill to finish. One program per (decode rows, chunk rows, chunk, width)
         bucket, compiled as the mix occurs.
+    share_programs: engines of the same shape in one process (rollout replicas) compile
+        each program once; the others load that executable onto their own devices
+        (`rljax.rollout.program_share`; CPU and GPU, where an executable is not tied to
+        its devices; on a TPU each engine compiles its own).
     num_scheduler_steps: more amortise dispatch and host transfers, fewer let finished
         sequences hand their slot to a waiting one sooner (a sequence that stops mid-call
         wastes the rest).
@@ -88,6 +92,7 @@ class SamplerConfig:
     enable_prefix_caching: bool = True  # reuse cached pages across requests (see above)
     num_scheduler_steps: PositiveInt = 4  # decode steps per engine call (an on-device loop; see above)
     mixed_steps: bool = False  # running decodes join prefill calls instead of waiting (see above)
+    share_programs: bool = True  # same-shaped engines compile each program once (see above)
     batch_buckets: tuple[int, ...] | None = None  # padded decode / prefill row counts; null: powers of two
     prefill_chunk_buckets: tuple[int, ...] | None = None  # padded prefill chunk lengths; null: powers of two
     page_table_buckets: tuple[int, ...] | None = None  # padded page-table widths, in pages; null: powers of two

@@ -26,6 +26,8 @@ from rljax.rollout.buckets import Buckets
 from rljax.rollout.config import SamplerConfig
 from rljax.rollout.forward import make_decode_fn, make_mixed_fn, make_prefill_fn
 from rljax.rollout.kv_cache import KVPool, cache_sharding, plan_cache
+from rljax.rollout import program_share
+from rljax.rollout.program_share import CompileCounts, ProgramShare
 from rljax.rollout.scheduler import StepKind, StepPlan
 from rljax.rollout.step_inputs import MixedInputs, pack_step, result_rows
 
@@ -93,10 +95,13 @@ def _mixed_routing(plan: StepPlan, chunk: int, experts: np.ndarray) -> np.ndarra
 
 
 class DeviceStep:
-    """Compiled prefill / decode programs over one set of parameters and one `KVPool`."""
+    """Compiled prefill / decode programs over one set of parameters and one `KVPool`.
+    With `config.share_programs`, their backend compiles go through `share` (default: the
+    process's, `program_share.PROCESS_SHARE`): a program another same-shaped DeviceStep
+    compiled is loaded onto this one's devices (`compile_counts` counts both)."""
 
     def __init__(self, graphdef: nnx.GraphDef, state: nnx.State, pool: KVPool, config: SamplerConfig,
-                 head_dim: int, mesh=None):
+                 head_dim: int, mesh=None, share: ProgramShare | None = None):
         self.graphdef = graphdef
         # traced under this (data, fsdp, tensor) mesh when given: a MoE model's experts stay
         # split over it (`rljax.models.moe.expert_parallel_dispatch`), as in the train step
@@ -107,6 +112,10 @@ class DeviceStep:
         self.compiled_shapes: list[str] = []  # each traced program, as kind[rows x tokens, W=width]
         self._label = ""  # the shape of the call being made, for `compiled_shapes`
         self.programs = make_programs(graphdef, config, head_dim, self._traced, pool.sharding)
+        self.compile_counts = CompileCounts()
+        if not config.share_programs:
+            share = ProgramShare(enabled=False)  # counts compiles, shares none
+        self.share = program_share.PROCESS_SHARE if share is None else share
 
     @classmethod
     def for_model(cls, model: Decoder, config: SamplerConfig) -> "DeviceStep":
@@ -132,7 +141,7 @@ class DeviceStep:
         self._label = inputs.label
         context = contextlib.nullcontext() if self.mesh is None else jax.sharding.use_abstract_mesh(
             self.mesh.abstract_mesh)
-        with context:
+        with context, self.share.scope(self.compile_counts):
             self.pool.kv, tokens, log_probs, experts = self.programs[plan.kind](self.state, self.pool.kv, inputs)
         # tokens / log_probs [B] (prefill) or [B, steps]; experts [B, T or steps, L, k] or None
         tokens, log_probs, experts = jax.device_get((tokens, log_probs, experts))

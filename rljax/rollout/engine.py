@@ -44,6 +44,11 @@ class EngineStats(SchedulerStats):
     num_cached_pages: int = 0  # pages the prefix cache holds now
     decode_wait_s: float = 0.0  # wall time of the calls that left decode-ready sequences waiting
     num_compiled_programs: int = 0  # jit cache entries of the step functions
+    programs_compiled: int = 0  # backend compiles of the step functions on this engine's devices
+    programs_loaded: int = 0  # step programs loaded from another same-shaped engine's compile
+    programs_cached: int = 0  # step programs read from jax's persistent compilation cache
+    compile_s: float = 0.0  # seconds spent in those compiles
+    program_load_s: float = 0.0  # seconds spent in those loads and reads
     num_pages: int = 0
     page_size: int = 0
     compiled_shapes: list[str] = field(default_factory=list)  # each traced [rows x tokens, W=width]
@@ -191,6 +196,7 @@ class Engine:
             num_cached_pages=s.num_cached_pages,
             decode_wait_s=self._decode_wait_s,
             num_compiled_programs=self.num_compiled_programs,
+            **self.device.compile_counts.as_dict(),
             num_pages=self.cache_shape.num_pages,
             page_size=self.cache_shape.page_size,
             compiled_shapes=list(self.device.compiled_shapes),
