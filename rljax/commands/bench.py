@@ -20,6 +20,7 @@ BENCHES: dict[str, str] = {
     "lora_learning": "lora_learning",
     "moe": "moe",
     "code-reward": "code_reward",
+    "replica-compile": "replica_compile",
 }
 
 

@@ -119,7 +119,7 @@ def prepare_rl(cfg, args, tpu, devices) -> Prepared:
     from rljax.config import ConfigError
     from rljax.rl.async_config import check_processes, split_devices
     from rljax.tpu.programs import default_pages, run_programs
-    from rljax.tpu.report import roofline_programs
+    from rljax.tpu.report import replica_compile_lines, roofline_programs
     from rljax.tpu.topology import slice_devices, sub_slice
 
     pages = default_pages(cfg)
@@ -147,7 +147,9 @@ def prepare_rl(cfg, args, tpu, devices) -> Prepared:
     estimates = _estimates(cfg, len(devices), tpu.chip.hbm_bytes / 1e9)
 
     def after(compiled):
-        return ["", *side_lines(compiled, estimates, len(train_on), len(rollout_on))] if apart else []
+        sides = side_lines(compiled, estimates, len(train_on), len(rollout_on)) if apart else []
+        lines = sides + replica_compile_lines(compiled, run.layout.num_replicas if run.layout else 1)
+        return ["", *lines] if lines else []
 
     return Prepared(run, lines + run.notes, estimates,
                     lambda kinds: roofline_programs(cfg, train_on, tpu.chip, pages, kinds=kinds,

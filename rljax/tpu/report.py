@@ -178,6 +178,22 @@ def render(compiled: list[Compiled], chip: Chip, estimates: dict[str, int] | Non
     return lines
 
 
+SAMPLER_KINDS = ("prefill", "decode", "mixed")
+
+
+def replica_compile_lines(compiled: list[Compiled], replicas: int) -> list[str]:
+    """What the sampler programs above cost a run of `replicas` replicas to compile: on a
+    TPU each replica compiles its own (an executable is built for its chips;
+    `rljax.rollout.program_share`), where CPU and GPU replicas of one shape share one."""
+    sampler = [c for c in compiled if c.program.kind in SAMPLER_KINDS and not c.error]
+    if replicas <= 1 or not sampler:
+        return []
+    count, seconds = len(sampler), sum(c.seconds for c in sampler)
+    return [f"sampler programs above: {count}, compiled in {seconds:.1f} s here; a TPU run compiles each on every "
+            f"one of its {replicas} replicas ({replicas * count} compiles, side by side in the replicas' threads): a "
+            f"TPU executable is built for its chips (same-shaped CPU / GPU replicas share one: {count} compiles)"]
+
+
 def overflow(compiled: list[Compiled], chip: Chip) -> list[str]:
     """One line per program that does not fit (or did not compile)."""
     out = []

@@ -380,6 +380,7 @@ def test_compile_command_compiles_only_the_kinds_named(capsys):
     rows = out[out.index("\nprogram "):].strip().splitlines()[1:]
     assert len(rows) == 1 and rows[0].startswith("weight hand-off (float32, training layout -> 4 replicas x tp=2)"), out
     assert "roofline" not in out and "trainer.mode" not in out and "chips (" not in out  # sync: no split
+    assert "sampler programs above" not in out  # none compiled
     # without replicas the sampler reads the trainer's arrays: there is no hand-off to compile
     assert main(["compile", QUICKSTART, "rollout.tensor_parallel_size=0", "--topology", "v5e-8",
                  "--programs", "handoff"]) == 1
@@ -407,8 +408,11 @@ def test_async_compile_splits_the_slice_and_compiles_the_union_transfer(capsys):
                      "weight hand-off (float32, trainer layout on the rollout chips -> 4 replicas x tp=1)",
                      "decode [128x1 x 4 steps, W=5, pallas_tpu attention]"], out
     assert "FAILED" not in out
-    assert rows[-2].startswith("trainer chips (4): ") and "rljax plan" in rows[-2]
-    assert rows[-1].startswith("rollout chips (4): ")
+    assert rows[-3].startswith("trainer chips (4): ") and "rljax plan" in rows[-3]
+    assert rows[-2].startswith("rollout chips (4): ")
+    # each of the 4 one-chip replicas compiles the decode program for its own chip
+    assert rows[-1].startswith("sampler programs above: 1, compiled in ") and \
+        "on every one of its 4 replicas (4 compiles, " in rows[-1], out
 
     # the programs' chips: the train step on ids 2, 3, 6, 7; the transfer over all 8, row 0 the trainer's, each
     # paired with a rollout chip of its host; decode on one replica (its own 1-chip topology)
