@@ -148,7 +148,8 @@ def prepare_rl(cfg, args, tpu, devices) -> Prepared:
 
     def after(compiled):
         sides = side_lines(compiled, estimates, len(train_on), len(rollout_on)) if apart else []
-        lines = sides + replica_compile_lines(compiled, run.layout.num_replicas if run.layout else 1)
+        processes = len({d.process_index for d in run.layout.mesh.devices.flat}) if run.layout else 1
+        lines = sides + replica_compile_lines(compiled, run.layout.num_replicas if run.layout else 1, processes)
         return ["", *lines] if lines else []
 
     return Prepared(run, lines + run.notes, estimates,

@@ -26,8 +26,7 @@ from rljax.rollout.buckets import Buckets
 from rljax.rollout.config import SamplerConfig
 from rljax.rollout.forward import make_decode_fn, make_mixed_fn, make_prefill_fn
 from rljax.rollout.kv_cache import KVPool, cache_sharding, plan_cache
-from rljax.rollout import program_share
-from rljax.rollout.program_share import CompileCounts, ProgramShare
+from rljax.rollout.program_share import PROCESS_SHARE, CompileCounts, ProgramShare
 from rljax.rollout.scheduler import StepKind, StepPlan
 from rljax.rollout.step_inputs import MixedInputs, pack_step, result_rows
 
@@ -97,7 +96,7 @@ def _mixed_routing(plan: StepPlan, chunk: int, experts: np.ndarray) -> np.ndarra
 class DeviceStep:
     """Compiled prefill / decode programs over one set of parameters and one `KVPool`.
     With `config.share_programs`, their backend compiles go through `share` (default: the
-    process's, `program_share.PROCESS_SHARE`): a program another same-shaped DeviceStep
+    process's, `PROCESS_SHARE`): a program another same-shaped DeviceStep
     compiled is loaded onto this one's devices (`compile_counts` counts both)."""
 
     def __init__(self, graphdef: nnx.GraphDef, state: nnx.State, pool: KVPool, config: SamplerConfig,
@@ -115,7 +114,7 @@ class DeviceStep:
         self.compile_counts = CompileCounts()
         if not config.share_programs:
             share = ProgramShare(enabled=False)  # counts compiles, shares none
-        self.share = program_share.PROCESS_SHARE if share is None else share
+        self.share = PROCESS_SHARE if share is None else share
 
     @classmethod
     def for_model(cls, model: Decoder, config: SamplerConfig) -> "DeviceStep":

@@ -137,13 +137,9 @@ class ProgramShare:
 def _geometry(devices: list) -> list[tuple]:
     """Each device's kind and its coordinates (where the platform has them) relative to
     the first device's: what two same-shaped replicas have in common."""
-    origin = np.asarray(getattr(devices[0], "coords", ()) or ())
-    out = []
-    for d in devices:
-        coords = getattr(d, "coords", None)
-        place = tuple((np.asarray(coords) - origin).tolist()) if coords is not None and len(origin) else ()
-        out.append((d.device_kind, place, getattr(d, "core_on_chip", 0)))
-    return out
+    origin = getattr(devices[0], "coords", None)
+    return [(d.device_kind, () if origin is None else tuple(np.subtract(d.coords, origin).tolist()),
+             getattr(d, "core_on_chip", 0)) for d in devices]
 
 
 def _compile(compile_fn, counts: CompileCounts):

@@ -181,17 +181,20 @@ def render(compiled: list[Compiled], chip: Chip, estimates: dict[str, int] | Non
 SAMPLER_KINDS = ("prefill", "decode", "mixed")
 
 
-def replica_compile_lines(compiled: list[Compiled], replicas: int) -> list[str]:
-    """What the sampler programs above cost a run of `replicas` replicas to compile: on a
-    TPU each replica compiles its own (an executable is built for its chips;
-    `rljax.rollout.program_share`), where CPU and GPU replicas of one shape share one."""
+def replica_compile_lines(compiled: list[Compiled], replicas: int, processes: int = 1) -> list[str]:
+    """What the sampler programs above cost a run of `replicas` replicas on `processes`
+    hosts to compile: on a TPU each replica compiles its own (an executable is built for
+    its chips; `rljax.rollout.program_share`), where same-shaped CPU / GPU replicas of
+    one process share one."""
     sampler = [c for c in compiled if c.program.kind in SAMPLER_KINDS and not c.error]
     if replicas <= 1 or not sampler:
         return []
     count, seconds = len(sampler), sum(c.seconds for c in sampler)
+    compiles = lambda n: f"{n} compile" + ("s" if n != 1 else "")  # noqa: E731
     return [f"sampler programs above: {count}, compiled in {seconds:.1f} s here; a TPU run compiles each on every "
-            f"one of its {replicas} replicas ({replicas * count} compiles, side by side in the replicas' threads): a "
-            f"TPU executable is built for its chips (same-shaped CPU / GPU replicas share one: {count} compiles)"]
+            f"one of its {replicas} replicas ({compiles(replicas * count)}, side by side in the replicas' threads): "
+            f"a TPU executable is built for its chips (CPU / GPU replicas of one process share one: "
+            f"{compiles(min(processes, replicas) * count)})"]
 
 
 def overflow(compiled: list[Compiled], chip: Chip) -> list[str]:

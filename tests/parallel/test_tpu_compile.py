@@ -410,9 +410,11 @@ def test_async_compile_splits_the_slice_and_compiles_the_union_transfer(capsys):
     assert "FAILED" not in out
     assert rows[-3].startswith("trainer chips (4): ") and "rljax plan" in rows[-3]
     assert rows[-2].startswith("rollout chips (4): ")
-    # each of the 4 one-chip replicas compiles the decode program for its own chip
+    # each of the 4 one-chip replicas compiles the decode program for its own chip; on CPU / GPU the 2
+    # replicas of each of the 2 hosts would share one
     assert rows[-1].startswith("sampler programs above: 1, compiled in ") and \
         "on every one of its 4 replicas (4 compiles, " in rows[-1], out
+    assert rows[-1].endswith("replicas of one process share one: 2 compiles)"), out
 
     # the programs' chips: the train step on ids 2, 3, 6, 7; the transfer over all 8, row 0 the trainer's, each
     # paired with a rollout chip of its host; decode on one replica (its own 1-chip topology)
