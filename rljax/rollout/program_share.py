@@ -26,7 +26,8 @@ compiled for chips (0, 1) and (2, 3) of a v5e 2x4 slice serializes to 93,542 and
 118,452 bytes, so on a TPU each replica compiles its own (`SHAREABLE_PLATFORMS`).
 
 A compile that runs while another thread compiles the same key waits for it and loads the
-result. Only a program whose devices all belong to this process and which carries no host
+result. The serialized executables stay in host memory for the life of the process
+(`ProgramShare.clear` drops them). Only a program whose devices all belong to this process and which carries no host
 callback is shared. The hook is jax's internal `compiler.compile_or_get_cached`; where a
 jax version lacks it, nothing is shared and no compile is counted (`programs_compiled`
 stays 0, which the tests catch).
