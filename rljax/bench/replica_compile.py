@@ -107,8 +107,8 @@ def main(args) -> int:
                 if row["mode"] not in best or row["first_rollout_s"] < best[row["mode"]]["first_rollout_s"]:
                     best[row["mode"]] = row
         own, shared = best["own"], best["shared"]
-        for row in (own, shared):
-            row["same_tokens"] = row["tokens"] == own["tokens"]
+        own["same_tokens"] = None  # the reference
+        shared["same_tokens"] = shared["tokens"] == own["tokens"]
         rows += [own, shared]
         shared["first_rollout_vs_own"] = own["first_rollout_s"] / shared["first_rollout_s"]
     for row in rows:

@@ -96,8 +96,8 @@ def _mixed_routing(plan: StepPlan, chunk: int, experts: np.ndarray) -> np.ndarra
 class DeviceStep:
     """Compiled prefill / decode programs over one set of parameters and one `KVPool`.
     With `config.share_programs`, their backend compiles go through `share` (default: the
-    process's, `PROCESS_SHARE`): a program another same-shaped DeviceStep
-    compiled is loaded onto this one's devices (`compile_counts` counts both)."""
+    process's `PROCESS_SHARE`): a program another same-shaped DeviceStep compiled is
+    loaded onto this one's devices (`compile_counts` counts both)."""
 
     def __init__(self, graphdef: nnx.GraphDef, state: nnx.State, pool: KVPool, config: SamplerConfig,
                  head_dim: int, mesh=None, share: ProgramShare | None = None):
