@@ -37,6 +37,7 @@ def add_arguments(p) -> None:
     p.add_argument("--prompt-len", type=int, nargs=2, default=[8, 96], help="prompt lengths drawn from [lo, hi]")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=2, help="rounds of both modes (after one untimed round)")
+    p.add_argument("--seed", type=int, default=0, help="draws the prompts and the sampling noise")
     p.add_argument("--out", default="bench_results/replica_compile.json")
 
 
@@ -63,7 +64,7 @@ def main(args) -> int:
     model_len = -(-(hi + args.max_tokens) // 16) * 16
     model = _rljax_model(args.preset, "float32", model_len)
     graphdef, state = nnx.split(model)
-    params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens, ignore_eos=True, seed=0)
+    params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens, ignore_eos=True, seed=args.seed)
 
     def round_(tp: int, share: bool, prompts: list) -> dict:
         replicas = len(devices) // tp
@@ -93,7 +94,7 @@ def main(args) -> int:
                 "load_s": total("program_load_s"), "first_rollout_s": seconds[0], "second_rollout_s": seconds[1],
                 "tokens": tokens}
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(args.seed)
     vocab = model.config.vocab_size
     rows = []
     for tp in args.tp:
@@ -117,6 +118,6 @@ def main(args) -> int:
           f"{args.prompts_per_replica} prompts of {lo}-{hi} tokens x n={args.n} per replica, {args.max_tokens} "
           f"tokens each; {len(devices)} {jax.default_backend()} devices; fastest of {args.repeats} rounds per mode")
     print_table(rows, COLUMNS + ["first_rollout_vs_own"])
-    write_json(args.out, "replica_compile", rows, {"preset": args.preset, "n": args.n,
+    write_json(args.out, "replica_compile", rows, {"preset": args.preset, "n": args.n, "seed": args.seed,
                                                    "prompt_len": args.prompt_len, "max_tokens": args.max_tokens})
     return 0
