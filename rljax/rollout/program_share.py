@@ -181,6 +181,8 @@ class _Scope:
 def _install() -> None:
     """Route jax's backend compiles through the active scope (once per process)."""
     global _installed
+    if _installed:  # every engine call enters a scope: no lock once installed
+        return
     with _install_lock:
         if _installed:
             return

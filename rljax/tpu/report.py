@@ -39,8 +39,11 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+from rljax.rollout.scheduler import StepKind
 from rljax.tpu.programs import Program, RunPrograms, run_programs
 from rljax.tpu.topology import Chip
+
+SAMPLER_KINDS = frozenset(kind.value for kind in StepKind)  # the sampler's programs: prefill, decode, mixed
 
 GiB = 1024**3
 
@@ -109,7 +112,7 @@ def roofline(program: Program, zero: Compiled, one: Compiled, layers: int, chip:
     compute, memory = flops / chip.peak_flops, nbytes / chip.hbm_bandwidth
     seconds = max(compute, memory, 1e-12)
     mfu = program.model_flops / program.devices / (chip.peak_flops * seconds) if program.kind == "train" else 0.0
-    tokens = program.tokens / seconds if program.kind in ("decode", "prefill", "mixed") else 0.0
+    tokens = program.tokens / seconds if program.kind in SAMPLER_KINDS else 0.0
     return Roofline(program.name, program.kind, flops, nbytes, seconds, "compute" if compute >= memory else "memory",
                     mfu, tokens, program.kernel_bytes, program.kernel_flops)
 
@@ -176,9 +179,6 @@ def render(compiled: list[Compiled], chip: Chip, estimates: dict[str, int] | Non
                          "per chip per call -> "
                          f">= {r.seconds * 1e3:.2f} ms ({r.bound}-bound); {what}")
     return lines
-
-
-SAMPLER_KINDS = ("prefill", "decode", "mixed")
 
 
 def replica_compile_lines(compiled: list[Compiled], replicas: int, processes: int = 1) -> list[str]:
